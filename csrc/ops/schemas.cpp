@@ -1,0 +1,62 @@
+// The dignn operator library: one schema per op. Kernels register per device in
+// csrc/cpu/ and csrc/cuda/; fake (meta) kernels and the autograd formulas of the two
+// differentiable ops (implicit_diffusion, neural_edge_weights) are registered from
+// dignn_kernels/ops.py; the other ops are building blocks and passes of a backward, so
+// their Autograd kernel raises if someone differentiates through them.
+//
+// Conventions (math in csrc/dignn/laplacian_math.h):
+//   rowptr int64 [n+1], col int32|int64 [m]: CSR of the edge values a (or weights W);
+//   x, z, g, u: n x d node signals; p, q: n x h node projections; chi, kappa: n;
+//   t_rowptr, t_col, t_perm: the transposed CSR and, for each of its entries, the position
+//   of the same edge in the CSR (omitted for symmetric graphs).
+#include <torch/library.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+
+TORCH_LIBRARY(dignn, m) {
+  // W_k = a_k tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) and kappa_i = sum_k W_k.
+  m.def("neural_edge_weights(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
+        "float eps) -> (Tensor w, Tensor kappa)");
+  // dl/dp, dl/dq from dl/dW (per edge); needs the transposed CSR.
+  m.def("neural_edge_weights_backward(Tensor rowptr, Tensor col, Tensor a, Tensor p, "
+        "Tensor q, float eps, Tensor grad_w, Tensor t_rowptr, Tensor t_col, Tensor t_perm) "
+        "-> (Tensor grad_p, Tensor grad_q)");
+  // Fused forward pass: edge weights from (p, q) and z_next = x - (1/mu) Delta z.
+  m.def("neural_diffusion_step(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
+        "Tensor chi, Tensor x, Tensor z, float mu, float eps) "
+        "-> (Tensor z_next, Tensor w, Tensor kappa)");
+  // Cached-weight forward pass: z_next = x - (1/mu) Delta z.
+  m.def("diffusion_step(Tensor rowptr, Tensor col, Tensor w, Tensor chi, Tensor kappa, "
+        "Tensor x, Tensor z, float mu) -> Tensor");
+  // Cached-weight adjoint pass on the CSR of W^T: u_next = g - (1/mu) Delta^T u.
+  m.def("adjoint_step(Tensor t_rowptr, Tensor t_col, Tensor t_w, Tensor chi, Tensor kappa, "
+        "Tensor g, Tensor u, float mu) -> Tensor");
+  // Fused gradient pass: dl/dp, dl/dq from the adjoint v and the equilibrium z,
+  // with G_ij = v_i . (z_j - z_i).
+  m.def("neural_weight_grad(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
+        "Tensor z, Tensor v, float eps, Tensor? t_rowptr=None, Tensor? t_col=None, "
+        "Tensor? t_perm=None) -> (Tensor grad_p, Tensor grad_q)");
+  // The implicit layer's forward solve, Z = X - (1/mu) Delta Z by fixed-point iteration.
+  // Neural Laplacian when p and q are given (edge_value = a); otherwise edge_value holds
+  // the fixed weights W and kappa their diagonal (row sums when omitted).
+  // The transposed CSR (directed graphs) is only carried to the backward.
+  // stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] of the forward solve,
+  // then the same three of the backward's adjoint solve (NaN until it runs); float64.
+  m.def("implicit_diffusion(Tensor rowptr, Tensor col, Tensor edge_value, Tensor x, "
+        "Tensor chi, Tensor? p, Tensor? q, Tensor? kappa, float mu, float eps, "
+        "int max_iter, float tol, Tensor? t_rowptr=None, Tensor? t_col=None, "
+        "Tensor? t_perm=None) -> (Tensor z, Tensor w, Tensor kappa_out, Tensor stats)");
+  // Its backward: the adjoint iteration and the fused gradient pass.
+  m.def("implicit_diffusion_backward(Tensor rowptr, Tensor col, Tensor edge_value, "
+        "Tensor w, Tensor kappa, Tensor? t_rowptr, Tensor? t_col, Tensor? t_perm, "
+        "Tensor x, Tensor chi, Tensor? p, Tensor? q, Tensor z, Tensor grad_z, float mu, "
+        "float eps, int max_iter, float tol) "
+        "-> (Tensor grad_x, Tensor grad_chi, Tensor grad_p, Tensor grad_q, Tensor stats)");
+}
+
+TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
+  for (const char* name : {"neural_edge_weights_backward", "neural_diffusion_step",
+                           "diffusion_step", "adjoint_step", "neural_weight_grad",
+                           "implicit_diffusion_backward"}) {
+    m.impl(name, torch::autograd::autogradNotImplementedFallback());
+  }
+}

@@ -1,0 +1,35 @@
+"""dignn-kernels: fused kernels for DIGNN's implicit graph neural diffusion.
+
+- :class:`FusedImplicitDiffusion`: the drop-in implicit diffusion layer.
+- :mod:`dignn_kernels.ops`: the torch ops (``torch.ops.dignn.*``) it is built from.
+- :mod:`dignn_kernels.reference`: plain PyTorch straight from the paper (the test oracle).
+"""
+import torch
+
+
+def _load_extension() -> None:
+    try:
+        from . import _build_info
+    except ImportError:
+        raise ImportError(
+            "dignn_kernels' compiled extension is missing: install the package with "
+            "`pip install .` from the dignn-kernels source tree (`pip install -e .` to "
+            "develop), and do not import it from inside that tree.") from None
+    if _build_info.TORCH_VERSION != torch.__version__:
+        raise ImportError(
+            f"dignn_kernels was built against torch {_build_info.TORCH_VERSION} but torch "
+            f"{torch.__version__} is installed; rebuild it for this torch with "
+            f"`pip install --force-reinstall --no-deps --no-cache-dir .` from the "
+            f"dignn-kernels source tree.")
+    from . import _C  # noqa: F401  (registers the torch.ops.dignn operators)
+
+
+_load_extension()
+
+from . import ops, reference  # noqa: E402
+from .graph import CSRGraph, build_graph, cached_graph, clear_graph_cache  # noqa: E402
+from .layer import BACKENDS, FusedImplicitDiffusion, available_backends  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["FusedImplicitDiffusion", "ops", "reference", "CSRGraph", "build_graph",
+           "cached_graph", "clear_graph_cache", "BACKENDS", "available_backends"]

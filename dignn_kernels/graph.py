@@ -1,0 +1,312 @@
+"""Graph preprocessing: validation, CSR build, degree, transpose, fixed Laplacian weights.
+
+Convention (PyTorch Geometric's message flow): an edge ``(edge_index[0, k], edge_index[1, k])
+= (j, i)`` carries a message from source ``j`` to target ``i``, so row ``i`` of the CSR lists the
+sources that node ``i`` aggregates from and ``a_ij = edge_weight[k]``. A torch sparse tensor or
+a torch_sparse ``SparseTensor`` is read the way PyG reads ``adj_t``: row ``i`` is the target.
+For the undirected graphs of the paper the distinction does not matter.
+
+Duplicate edges are summed (the Laplacian only ever sees sum_k a_k over parallel edges), so
+every graph is stored coalesced. Building a :class:`CSRGraph` costs a sort of the edges;
+:func:`cached_graph` keeps the result for a static graph so that later forward passes skip it.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["CSRGraph", "build_graph", "cached_graph", "clear_graph_cache", "transpose_csr",
+           "LAPLACIANS"]
+
+LAPLACIANS = ("neural", "rw", "unnormalized", "sym")
+
+
+def _rowptr_from_sorted_rows(rows: Tensor, n: int) -> Tensor:
+    counts = torch.bincount(rows, minlength=n) if rows.numel() else rows.new_zeros(n)
+    rowptr = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=rowptr[1:])
+    return rowptr
+
+
+def transpose_csr(rowptr: Tensor, col: Tensor, n: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The CSR of the transpose: (t_rowptr, t_col, t_perm), where entry k of the transpose is
+    entry t_perm[k] of the original (so transposed values are ``values[t_perm]``)."""
+    m = col.numel()
+    rows = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
+                                   rowptr[1:] - rowptr[:-1], output_size=m)
+    perm = torch.argsort(col.long() * max(n, 1) + rows, stable=True)
+    t_rowptr = _rowptr_from_sorted_rows(col.long()[perm], n)
+    t_col = rows[perm].to(col.dtype)
+    return t_rowptr, t_col, perm
+
+
+@dataclass
+class CSRGraph:
+    """A coalesced CSR graph and what the kernels need of it, computed once."""
+
+    num_nodes: int
+    rowptr: Tensor  # int64 [n + 1]
+    col: Tensor  # int32 (int64 beyond 2^31 nodes) [m]
+    value: Tensor  # float edge values a_ij [m]
+    degree: Tensor  # D_i = sum_j a_ij [n], dtype of value
+    symmetric: bool  # a_ij == a_ji for every pair, so W is symmetric
+    _transposed: Optional[Tuple[Tensor, Tensor, Tensor]] = field(default=None, repr=False)
+    _by_dtype: Dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.rowptr.device
+
+    def transposed(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+        """(t_rowptr, t_col, t_perm) for graphs that are not symmetric, else None: on a
+        symmetric graph the kernels read W^T from the CSR of W itself."""
+        if self.symmetric:
+            return None
+        if self._transposed is None:
+            self._transposed = transpose_csr(self.rowptr, self.col, self.num_nodes)
+        return self._transposed
+
+    def values(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        """(a, D) in ``dtype``, converted once."""
+        key = ("a", dtype)
+        if key not in self._by_dtype:
+            self._by_dtype[key] = (self.value.to(dtype), self.degree.to(dtype))
+        return self._by_dtype[key]
+
+    def rows(self) -> Tensor:
+        """The row index of every CSR entry."""
+        if "rows" not in self._by_dtype:
+            self._by_dtype["rows"] = torch.repeat_interleave(
+                torch.arange(self.num_nodes, device=self.device),
+                self.rowptr[1:] - self.rowptr[:-1], output_size=self.num_edges)
+        return self._by_dtype["rows"]
+
+    def fixed_laplacian(self, laplacian: str, dtype: torch.dtype) -> Tuple[Tensor, Tensor,
+                                                                         Tensor]:
+        """(W, chi, kappa) of a canonical Laplacian (appendix table 1), in the form
+        Delta Z = (kappa Z - W Z) / chi used by the kernels:
+
+        - ``rw``: W = a, chi = D, kappa = D          (Delta = I - D^-1 A)
+        - ``unnormalized``: W = a, chi = 1, kappa = D  (Delta = D - A)
+        - ``sym``: W = D^-1/2 A D^-1/2, chi = 1, kappa = 1 (0 for isolated nodes)
+          (Delta = I - D^-1/2 A D^-1/2)
+        """
+        key = (laplacian, dtype)
+        if key in self._by_dtype:
+            return self._by_dtype[key]
+        a, deg = self.values(dtype)
+        ones = torch.ones_like(deg)
+        if laplacian == "rw":
+            out = (a, deg, deg)
+        elif laplacian == "unnormalized":
+            out = (a, ones, deg)
+        elif laplacian == "sym":
+            inv_sqrt = torch.where(deg > 0, deg.clamp_min(torch.finfo(dtype).tiny).rsqrt(),
+                                   torch.zeros_like(deg))
+            w = inv_sqrt[self.rows()] * a * inv_sqrt[self.col.long()]
+            out = (w, ones, (deg > 0).to(dtype))
+        else:
+            raise ValueError(f"no fixed weights for laplacian={laplacian!r}")
+        self._by_dtype[key] = out
+        return out
+
+
+# ------------------------------------------------------------------------ building --
+
+def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor of shape [2, num_edges], got "
+                        f"{type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, num_edges], got "
+                         f"{list(edge_index.shape)}; transpose it if it is [num_edges, 2]")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"edge_index must hold int64 (or int32) node indices, got "
+                        f"{edge_index.dtype}; convert it with edge_index.long()")
+    if edge_index.numel() == 0:
+        return
+    lo, hi = int(edge_index.min()), int(edge_index.max())
+    if lo < 0 or hi >= num_nodes:
+        bad = lo if lo < 0 else hi
+        raise IndexError(f"edge_index holds node index {bad} but x has {num_nodes} nodes "
+                         f"(valid indices are 0..{num_nodes - 1})")
+
+
+def _check_edge_weight(edge_weight: Optional[Tensor], num_edges: int,
+                       device: torch.device) -> None:
+    if edge_weight is None:
+        return
+    if not isinstance(edge_weight, Tensor):
+        raise TypeError(f"edge_weight must be a torch.Tensor or None, got "
+                        f"{type(edge_weight).__name__}")
+    if edge_weight.dim() != 1 or edge_weight.numel() != num_edges:
+        raise ValueError(f"edge_weight must have shape [{num_edges}] (one weight per edge), "
+                         f"got {list(edge_weight.shape)}")
+    if not edge_weight.is_floating_point():
+        raise TypeError(f"edge_weight must be a floating tensor, got {edge_weight.dtype}")
+    if edge_weight.device != device:
+        raise ValueError(f"edge_weight is on {edge_weight.device} but edge_index is on "
+                         f"{device}; move both to the same device")
+    if edge_weight.requires_grad:
+        raise ValueError("edge_weight requires grad, but gradients with respect to edge "
+                         "weights are not supported; pass edge_weight.detach()")
+    if num_edges and not bool(torch.isfinite(edge_weight).all()):
+        raise ValueError("edge_weight contains NaN or Inf")
+    if num_edges and bool((edge_weight < 0).any()):
+        raise ValueError(f"edge_weight must be >= 0 (the Laplacian needs non-negative edge "
+                         f"values), got a minimum of {float(edge_weight.min())}")
+
+
+def _coalesce(rows: Tensor, cols: Tensor, values: Tensor, n: int):
+    key = rows * max(n, 1) + cols
+    key, order = torch.sort(key, stable=True)
+    values = values[order]
+    if key.numel() > 1 and bool((key[1:] == key[:-1]).any()):
+        key, inverse = torch.unique_consecutive(key, return_inverse=True)
+        values = torch.zeros(key.numel(), dtype=values.dtype,
+                             device=values.device).index_add_(0, inverse, values)
+    return key // max(n, 1), key % max(n, 1), values
+
+
+def _is_symmetric(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> bool:
+    if rows.numel() == 0:
+        return True
+    key = rows * n + cols
+    t_key, order = torch.sort(cols * n + rows)
+    if not torch.equal(key, t_key):
+        return False
+    tv = values[order]
+    return bool(torch.allclose(values, tv, rtol=1e-6, atol=0.0))
+
+
+def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> CSRGraph:
+    rows, cols, values = _coalesce(rows.long(), cols.long(), values, n)
+    index_dtype = torch.int32 if n < 2**31 - 1 else torch.int64
+    rowptr = _rowptr_from_sorted_rows(rows, n)
+    degree = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, rows,
+                                                                                values)
+    return CSRGraph(num_nodes=n, rowptr=rowptr, col=cols.to(index_dtype), value=values,
+                    degree=degree, symmetric=_is_symmetric(rows, cols, values, n))
+
+
+def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
+                edge_weight: Optional[Tensor] = None) -> CSRGraph:
+    """Validates and converts ``edge_index`` (+ ``edge_weight``), a torch sparse tensor or a
+    torch_sparse ``SparseTensor`` into a :class:`CSRGraph`."""
+    if _is_sparse_tensor(edge):
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when the graph is a sparse tensor: the "
+                             "sparse tensor's values are the edge weights")
+        rows, cols, values, size = _sparse_to_coo(edge)
+        if size != (num_nodes, num_nodes):
+            raise ValueError(f"the sparse adjacency has shape {list(size)} but x has "
+                             f"{num_nodes} nodes; it must be [{num_nodes}, {num_nodes}]")
+        _check_edge_weight(values, values.numel(), values.device)
+        return _from_coo(rows, cols, values, num_nodes)
+    _check_edge_index(edge, num_nodes)
+    _check_edge_weight(edge_weight, edge.size(1), edge.device)
+    values = edge_weight if edge_weight is not None else torch.ones(
+        edge.size(1), dtype=torch.float32, device=edge.device)
+    # PyG flow source -> target: row i (target) = edge_index[1], col j (source) = edge_index[0]
+    return _from_coo(edge[1], edge[0], values, num_nodes)
+
+
+def _is_sparse_tensor(edge) -> bool:
+    if isinstance(edge, Tensor):
+        return edge.layout in (torch.sparse_csr, torch.sparse_coo)
+    return type(edge).__name__ == "SparseTensor" and hasattr(edge, "csr")
+
+
+def _sparse_to_coo(edge):
+    if isinstance(edge, Tensor):
+        if edge.dim() != 2:
+            raise ValueError(f"the sparse adjacency must be 2-D, got {edge.dim()}-D")
+        size = tuple(edge.shape)
+        if edge.layout == torch.sparse_csr:
+            crow, cols = edge.crow_indices(), edge.col_indices()
+            rows = torch.repeat_interleave(torch.arange(size[0], device=crow.device),
+                                           crow[1:] - crow[:-1])
+            values = edge.values()
+        else:
+            edge = edge.coalesce()
+            rows, cols = edge.indices()
+            values = edge.values()
+    else:  # torch_sparse.SparseTensor
+        rows, cols, values = edge.coo()
+        size = tuple(edge.sizes())
+        if values is None:
+            values = torch.ones(rows.numel(), dtype=torch.float32, device=rows.device)
+    if values.dim() != 1:
+        raise ValueError("the sparse adjacency must hold one scalar per edge")
+    if not values.is_floating_point():
+        values = values.float()
+    return rows, cols, values.detach() if not values.requires_grad else values, size
+
+
+# ------------------------------------------------------------------------- caching --
+
+class _Entry:
+    __slots__ = ("refs", "versions", "graph")
+
+    def __init__(self, refs, versions, graph):
+        self.refs, self.versions, self.graph = refs, versions, graph
+
+
+_CACHE: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_CACHE_SIZE = 16
+
+
+def clear_graph_cache() -> None:
+    """Forgets every preprocessed graph."""
+    _CACHE.clear()
+
+
+def _identity(t) -> Tuple[list, list, tuple]:
+    """Objects whose identity and version stand for the graph, and a hashable key."""
+    if isinstance(t, Tensor):
+        objs = [t]
+        if t.layout == torch.sparse_csr:
+            objs += [t.crow_indices(), t.col_indices(), t.values()]
+    elif t is None:
+        return [], [], (None,)
+    else:  # SparseTensor: its storage's tensors
+        objs = [x for x in (t.storage.row() if t.storage.has_row() else None,
+                            t.storage.rowptr(), t.storage.col(), t.storage.value())
+                if x is not None]
+    versions = [o._version for o in objs if isinstance(o, Tensor)]
+    key = tuple((id(o), o.data_ptr() if o.layout == torch.strided else 0, tuple(o.shape))
+                for o in objs)
+    return objs, versions, key
+
+
+@torch.compiler.disable
+def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None) -> CSRGraph:
+    """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again."""
+    objs, versions, key = _identity(edge)
+    w_objs, w_versions, w_key = _identity(edge_weight)
+    key = (key, w_key, num_nodes)
+    entry = _CACHE.get(key)
+    if entry is not None:
+        alive = all(r() is o for r, o in zip(entry.refs, objs + w_objs))
+        if alive and entry.versions == versions + w_versions:
+            _CACHE.move_to_end(key)
+            return entry.graph
+        del _CACHE[key]
+    graph = build_graph(edge, num_nodes, edge_weight)
+    try:
+        refs = [weakref.ref(o) for o in objs + w_objs]
+    except TypeError:  # not weak-referenceable: do not cache
+        return graph
+    _CACHE[key] = _Entry(refs, versions + w_versions, graph)
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return graph

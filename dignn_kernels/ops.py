@@ -1,0 +1,196 @@
+"""The whole Python face of the C++/CUDA operators in namespace ``torch.ops.dignn``.
+
+Each function here calls one registered op; this module adds the fake (meta) kernels that let
+``torch.compile`` trace them and the autograd formulas of the two differentiable ones
+(``implicit_diffusion`` and ``neural_edge_weights``). The math of every op is written out in
+``csrc/dignn/laplacian_math.h``.
+
+Graph arguments are CSR: ``rowptr`` (int64, n + 1), ``col`` (int32 or int64, m) and per-edge
+values. ``t_rowptr, t_col, t_perm`` are the transposed CSR and, for each of its entries, the
+position of the same edge in the CSR; pass them for graphs whose edge values are not
+symmetric (:meth:`dignn_kernels.graph.CSRGraph.transposed` makes them).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
+    "diffusion_step", "adjoint_step", "neural_weight_grad", "implicit_diffusion",
+    "implicit_diffusion_backward",
+]
+
+_ops = torch.ops.dignn
+
+
+def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
+                        eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+    """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
+    their row sums kappa. Differentiable in p and q."""
+    return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
+
+
+def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
+                                 t_perm) -> Tuple[Tensor, Tensor]:
+    """dl/dp and dl/dq from dl/dW."""
+    return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
+                                             t_col, t_perm)
+
+
+def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float,
+                          eps: float = 1e-6) -> Tuple[Tensor, Tensor, Tensor]:
+    """The fused forward pass: computes the neural edge weights and
+    ``z_next = x - (1/mu) Delta z`` in one sweep. Returns (z_next, w, kappa)."""
+    return _ops.neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu, eps)
+
+
+def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float) -> Tensor:
+    """One forward iteration with cached weights: ``x - (1/mu) Delta z``,
+    Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x)."""
+    return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
+
+
+def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float) -> Tensor:
+    """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T (the CSR of W
+    itself when W is symmetric)."""
+    return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
+
+
+def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
+                       t_col=None, t_perm=None) -> Tuple[Tensor, Tensor]:
+    """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
+    return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
+
+
+def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor,
+                       chi: Tensor, p: Optional[Tensor] = None, q: Optional[Tensor] = None,
+                       kappa: Optional[Tensor] = None, *, mu: float, eps: float = 1e-6,
+                       max_iter: int = 10, tol: float = 1e-6, t_rowptr=None, t_col=None,
+                       t_perm=None) -> Tuple[Tensor, Tensor]:
+    """Solves Z = X - (1/mu) Delta Z by fixed-point iteration from Z_0 = 0.
+
+    Neural Laplacian when ``p`` and ``q`` are given (``edge_value`` = a); otherwise
+    ``edge_value`` holds fixed weights W and ``kappa`` their diagonal. Differentiable in x,
+    chi, p and q by implicit differentiation. Returns ``(z, stats)`` with
+    stats = [iterations, residual, relative residual] of the forward solve followed by the
+    same three of the backward (NaN until the backward has run).
+    """
+    z, _, _, stats = _ops.implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
+                                             eps, max_iter, tol, t_rowptr, t_col, t_perm)
+    return z, stats
+
+
+def implicit_diffusion_backward(*args):
+    return _ops.implicit_diffusion_backward(*args)
+
+
+# ------------------------------------------------------------------ fake kernels --
+
+def _num_nodes(rowptr: Tensor):
+    return rowptr.shape[0] - 1
+
+
+@torch.library.register_fake("dignn::neural_edge_weights")
+def _(rowptr, col, a, p, q, eps):
+    return p.new_empty(col.shape[0]), p.new_empty(_num_nodes(rowptr))
+
+
+@torch.library.register_fake("dignn::neural_edge_weights_backward")
+def _(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
+    return torch.empty_like(p), torch.empty_like(q)
+
+
+@torch.library.register_fake("dignn::neural_diffusion_step")
+def _(rowptr, col, a, p, q, chi, x, z, mu, eps):
+    return torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr))
+
+
+@torch.library.register_fake("dignn::diffusion_step")
+def _(rowptr, col, w, chi, kappa, x, z, mu):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("dignn::adjoint_step")
+def _(t_rowptr, t_col, t_w, chi, kappa, g, u, mu):
+    return torch.empty_like(g)
+
+
+@torch.library.register_fake("dignn::neural_weight_grad")
+def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
+    return torch.empty_like(p), torch.empty_like(q)
+
+
+@torch.library.register_fake("dignn::implicit_diffusion")
+def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr=None,
+      t_col=None, t_perm=None):
+    stats = torch.empty(6, dtype=torch.float64, device=x.device)
+    return (torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr)),
+            stats)
+
+
+@torch.library.register_fake("dignn::implicit_diffusion_backward")
+def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z, grad_z, mu,
+      eps, max_iter, tol):
+    grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
+    grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
+    return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,
+            torch.empty(3, dtype=torch.float64, device=x.device))
+
+
+# ---------------------------------------------------------------------- autograd --
+
+def _implicit_setup_context(ctx, inputs, output):
+    (rowptr, col, edge_value, x, chi, p, q, _kappa, mu, eps, max_iter, tol, t_rowptr, t_col,
+     t_perm) = inputs
+    z, w, kappa, stats = output
+    ctx.mark_non_differentiable(w, kappa, stats)
+    ctx.save_for_backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p,
+                          q, z)
+    ctx.solver = (mu, eps, max_iter, tol)
+    ctx.stats = stats  # the backward writes its own numbers into stats[3:]
+    ctx.neural = p is not None
+
+
+def _implicit_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
+    saved = ctx.saved_tensors
+    (rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z) = saved
+    mu, eps, max_iter, tol = ctx.solver
+    grad_x, grad_chi, grad_p, grad_q, stats = _ops.implicit_diffusion_backward(
+        rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z,
+        grad_z, mu, eps, max_iter, tol)
+    ctx.stats[3:].copy_(stats)
+    if not ctx.neural:
+        grad_p = grad_q = None
+    none = [None] * 7
+    return (None, None, None, grad_x, grad_chi, grad_p, grad_q, *none, None)
+
+
+torch.library.register_autograd("dignn::implicit_diffusion", _implicit_backward,
+                                setup_context=_implicit_setup_context)
+
+
+def _edge_weights_setup_context(ctx, inputs, output):
+    rowptr, col, a, p, q, eps = inputs
+    w, kappa = output
+    ctx.save_for_backward(rowptr, col, a, p, q)
+    ctx.eps = eps
+
+
+def _edge_weights_backward(ctx, grad_w, grad_kappa):
+    rowptr, col, a, p, q = ctx.saved_tensors
+    n = rowptr.shape[0] - 1
+    rows = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
+                                   rowptr[1:] - rowptr[:-1], output_size=col.shape[0])
+    g = grad_w if grad_w is not None else torch.zeros_like(a)
+    if grad_kappa is not None:  # kappa_i = sum_k W_k over row i
+        g = g + grad_kappa[rows]
+    from .graph import transpose_csr
+    t_rowptr, t_col, t_perm = transpose_csr(rowptr, col, n)
+    grad_p, grad_q = _ops.neural_edge_weights_backward(rowptr, col, a, p, q, ctx.eps,
+                                                       g.contiguous(), t_rowptr, t_col, t_perm)
+    return None, None, None, grad_p, grad_q, None
+
+
+torch.library.register_autograd("dignn::neural_edge_weights", _edge_weights_backward,
+                                setup_context=_edge_weights_setup_context)
