@@ -6,12 +6,14 @@ for the adjoint iterations of the implicit backward. It runs on any device PyTor
 and is the baseline the fused kernels are measured against; it builds the m x h edge tensors
 that the fused passes never build.
 """
+import warnings
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .graph import CSRGraph
+from .ops import _file_backward_stats
 from .reference import CHI_FLOOR
 
 __all__ = ["composed_edge_weights", "composed_implicit_diffusion"]
@@ -29,10 +31,12 @@ def composed_edge_weights(graph: CSRGraph, a: Tensor, p: Tensor, q: Tensor,
 def _csr(graph: CSRGraph, values: Tensor, transposed: bool) -> Tensor:
     n = graph.num_nodes
     t = graph.transposed() if transposed else None
-    if t is None:
-        return torch.sparse_csr_tensor(graph.rowptr, graph.col.long(), values, (n, n))
-    t_rowptr, t_col, t_perm = t
-    return torch.sparse_csr_tensor(t_rowptr, t_col.long(), values[t_perm], (n, n))
+    rowptr, col = (graph.rowptr, graph.col) if t is None else (t[0], t[1])
+    vals = values if t is None else values[t[2]]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(rowptr, col.long(), vals, (n, n),
+                                       check_invariants=False)
 
 
 class _SparseFixedPoint(torch.autograd.Function):
@@ -57,8 +61,8 @@ class _SparseFixedPoint(torch.autograd.Function):
             z = z_next
             if rel <= tol:
                 break
-        stats[:3] = torch.stack([torch.tensor(float(iters), dtype=res.dtype), res.cpu(),
-                                 rel.cpu()]).double()
+        stats.copy_(torch.stack([torch.tensor(float(iters), dtype=res.dtype), res.cpu(),
+                                 rel.cpu()]).double())
         ctx.save_for_backward(x, w, chi, z, ca, cy)
         ctx.graph, ctx.mu, ctx.max_iter, ctx.tol = graph, mu, max_iter, tol
         ctx.kappa_from_w = kappa is None
@@ -79,8 +83,8 @@ class _SparseFixedPoint(torch.autograd.Function):
             u = u_next
             if rel <= ctx.tol:
                 break
-        ctx.stats[3:] = torch.stack([torch.tensor(float(iters), dtype=res.dtype), res.cpu(),
-                                     rel.cpu()]).double()
+        _file_backward_stats(ctx.stats, torch.stack(
+            [torch.tensor(float(iters), dtype=res.dtype), res.cpu(), rel.cpu()]).double())
         grad_chi = (u * (x - z)).sum(dim=1) * ca * ctx.mu
         grad_w = None
         if ctx.needs_input_grad[1]:
@@ -97,6 +101,6 @@ def composed_implicit_diffusion(graph: CSRGraph, x: Tensor, w: Tensor, chi: Tens
                                 kappa: Optional[Tensor], *, mu: float, max_iter: int,
                                 tol: float, stats: Tensor) -> Tensor:
     """Solve with torch.sparse products; ``kappa=None`` means kappa = row sums of ``w``.
-    Writes [iterations, residual, relative residual] of the forward and (after backward)
-    of the adjoint solve into ``stats`` (float64, 6)."""
+    Writes [iterations, residual, relative residual] of the solve into ``stats`` (float64,
+    3); ``ops.backward_stats(stats)`` has those of the adjoint solve after a backward."""
     return _SparseFixedPoint.apply(x, w, chi, kappa, graph, mu, max_iter, tol, stats)

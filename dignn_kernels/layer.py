@@ -110,11 +110,15 @@ class FusedImplicitDiffusion(nn.Module):
 
     # ----------------------------------------------------------------- diagnostics --
     def _stat(self, index: int):
+        """Entry `index` of [forward iterations, residual, relative residual, backward
+        iterations, residual, relative residual]; None for a solve that has not run (the
+        backward's are not seen under torch.compile)."""
         if self._stats is None:
             return None
-        value = float(self._stats[index])
-        if math.isnan(value):
+        stats = self._stats if index < 3 else ops.backward_stats(self._stats)
+        if stats is None:
             return None
+        value = float(stats[index % 3])
         return int(value) if index % 3 == 0 else value
 
     @property
@@ -186,7 +190,7 @@ class FusedImplicitDiffusion(nn.Module):
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
             torch.float32
         xc = x.to(compute)
-        stats = torch.full((6,), float("nan"), dtype=torch.float64)
+        stats = torch.zeros(3, dtype=torch.float64)
         if backend == "torch":
             z = self._forward_composed(graph, xc, stats)
         else:

@@ -10,6 +10,7 @@ values. ``t_rowptr, t_col, t_perm`` are the transposed CSR and, for each of its 
 position of the same edge in the CSR; pass them for graphs whose edge values are not
 symmetric (:meth:`dignn_kernels.graph.CSRGraph.transposed` makes them).
 """
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -18,7 +19,7 @@ from torch import Tensor
 __all__ = [
     "neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
     "diffusion_step", "adjoint_step", "neural_weight_grad", "implicit_diffusion",
-    "implicit_diffusion_backward",
+    "implicit_diffusion_backward", "backward_stats",
 ]
 
 _ops = torch.ops.dignn
@@ -73,8 +74,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     Neural Laplacian when ``p`` and ``q`` are given (``edge_value`` = a); otherwise
     ``edge_value`` holds fixed weights W and ``kappa`` their diagonal. Differentiable in x,
     chi, p and q by implicit differentiation. Returns ``(z, stats)`` with
-    stats = [iterations, residual, relative residual] of the forward solve followed by the
-    same three of the backward (NaN until the backward has run).
+    stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] of the solve;
+    ``backward_stats(stats)`` gives the same three of the adjoint solve once a backward ran.
     """
     z, _, _, stats = _ops.implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
                                              eps, max_iter, tol, t_rowptr, t_col, t_perm)
@@ -83,6 +84,27 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
 
 def implicit_diffusion_backward(*args):
     return _ops.implicit_diffusion_backward(*args)
+
+
+# The adjoint solve's stats, filed by the eager backward under the forward's stats tensor
+# (an op may not change its outputs afterwards; under torch.compile nothing is filed).
+# Keyed by id, dropped when that tensor dies.
+_BACKWARD_STATS: "dict[int, tuple]" = {}
+
+
+def _file_backward_stats(forward_stats: Tensor, stats: Tensor) -> None:
+    key = id(forward_stats)
+    ref = weakref.ref(forward_stats, lambda _, k=key: _BACKWARD_STATS.pop(k, None))
+    _BACKWARD_STATS[key] = (ref, stats)
+
+
+def backward_stats(forward_stats: Tensor) -> Optional[Tensor]:
+    """[iterations, residual, relative residual] of the adjoint solve of the backward that
+    followed the forward which returned ``forward_stats``; None before it has run."""
+    entry = _BACKWARD_STATS.get(id(forward_stats))
+    if entry is None or entry[0]() is not forward_stats:
+        return None
+    return entry[1]
 
 
 # ------------------------------------------------------------------ fake kernels --
@@ -124,7 +146,7 @@ def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
 @torch.library.register_fake("dignn::implicit_diffusion")
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr=None,
       t_col=None, t_perm=None):
-    stats = torch.empty(6, dtype=torch.float64, device=x.device)
+    stats = torch.empty(3, dtype=torch.float64, device=x.device)
     return (torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr)),
             stats)
 
@@ -148,7 +170,7 @@ def _implicit_setup_context(ctx, inputs, output):
     ctx.save_for_backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p,
                           q, z)
     ctx.solver = (mu, eps, max_iter, tol)
-    ctx.stats = stats  # the backward writes its own numbers into stats[3:]
+    ctx.stats_key = weakref.ref(stats) if type(stats) is torch.Tensor else None
     ctx.neural = p is not None
 
 
@@ -159,11 +181,12 @@ def _implicit_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
     grad_x, grad_chi, grad_p, grad_q, stats = _ops.implicit_diffusion_backward(
         rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z,
         grad_z, mu, eps, max_iter, tol)
-    ctx.stats[3:].copy_(stats)
+    forward_stats = ctx.stats_key() if ctx.stats_key is not None else None
+    if forward_stats is not None:
+        _file_backward_stats(forward_stats, stats)
     if not ctx.neural:
         grad_p = grad_q = None
-    none = [None] * 7
-    return (None, None, None, grad_x, grad_chi, grad_p, grad_q, *none, None)
+    return (None, None, None, grad_x, grad_chi, grad_p, grad_q) + (None,) * 8
 
 
 torch.library.register_autograd("dignn::implicit_diffusion", _implicit_backward,

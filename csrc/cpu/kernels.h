@@ -47,5 +47,8 @@ void neural_weight_grad_pass(const at::Tensor& rowptr, const at::Tensor& col,
                              const at::Tensor& t_grad_w, at::Tensor& grad_p,
                              at::Tensor& grad_q);
 
+// The instruction set the CPU passes run with: "avx512", "avx2" or "generic".
+const char* isa_name();
+
 }  // namespace cpu
 }  // namespace dignn

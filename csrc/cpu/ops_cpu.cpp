@@ -60,14 +60,11 @@ void check_projections(const Tensor& p, const Tensor& q, const Tensor& like, int
   check_values(p, "p", q.sizes(), like, rowptr);
 }
 
-// [iterations, ||out - y||, ||out - y|| / ||out||] of the last step; the forward op pads
-// three NaN for the backward's numbers.
-Tensor stats_tensor(int64_t iters, const StepNorms& norms, bool forward) {
+// [iterations, ||out - y||_F, ||out - y||_F / ||out||_F] of the last step of a solve.
+Tensor stats_tensor(int64_t iters, const StepNorms& norms) {
   const double res = std::sqrt(norms.diff_sq);
   const double rel = norms.out_sq > 0.0 ? res / std::sqrt(norms.out_sq) : 0.0;
-  if (!forward) return at::tensor({static_cast<double>(iters), res, rel}, at::kDouble);
-  const double nan = std::nan("");
-  return at::tensor({static_cast<double>(iters), res, rel, nan, nan, nan}, at::kDouble);
+  return at::tensor({static_cast<double>(iters), res, rel}, at::kDouble);
 }
 
 bool converged(const StepNorms& norms, double tol) {
@@ -282,7 +279,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
     Tensor none;
     neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, none, none, none, 0.0, none);
   }
-  return {z, w, kappa, stats_tensor(iters, norms, true)};
+  return {z, w, kappa, stats_tensor(iters, norms)};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_cpu(
@@ -345,7 +342,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
     grad_p = at::empty({0}, x.options());
     grad_q = at::empty({0}, x.options());
   }
-  return {u, grad_chi, grad_p, grad_q, stats_tensor(iters, norms, false)};
+  return {u, grad_chi, grad_p, grad_q, stats_tensor(iters, norms)};
 }
 
 }  // namespace

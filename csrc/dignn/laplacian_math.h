@@ -67,6 +67,22 @@ DIGNN_HOST_DEVICE double dignn_sqrt(double x) { return ::sqrt(x); }
 DIGNN_HOST_DEVICE float dignn_abs(float x) { return ::fabsf(x); }
 DIGNN_HOST_DEVICE double dignn_abs(double x) { return ::fabs(x); }
 
+DIGNN_HOST_DEVICE float dignn_exp(float x) { return ::expf(x); }
+DIGNN_HOST_DEVICE double dignn_exp(double x) { return ::exp(x); }
+DIGNN_HOST_DEVICE float dignn_expm1(float x) { return ::expm1f(x); }
+DIGNN_HOST_DEVICE double dignn_expm1(double x) { return ::expm1(x); }
+
+// t = tanh(x) and s2 = 1 - tanh(x)^2 for x >= 0, both to full relative precision (1 - t*t
+// would lose every digit of s2 once t rounds to 1): with e = exp(-2x),
+// t = -expm1(-2x) / (2 + expm1(-2x)) and s2 = 4 e / (1 + e)^2.
+template <typename T>
+DIGNN_HOST_DEVICE void tanh_sech2(T x, T& t, T& s2) {
+  const T em = dignn_expm1(T(-2) * x);
+  const T e = dignn_exp(T(-2) * x);
+  t = -em / (T(2) + em);
+  s2 = T(4) * e / ((T(1) + e) * (T(1) + e));
+}
+
 // W_ij = a_ij tanh(1/(rho + eps)) tanh(|pi|)   (eq. 13, 14)
 template <typename T>
 DIGNN_HOST_DEVICE T neural_edge_weight(T a, T pi, T rho, T eps) {
@@ -84,13 +100,14 @@ template <typename T>
 DIGNN_HOST_DEVICE EdgeWeightPartials<T> neural_edge_weight_partials(T a, T pi, T rho,
                                                                     T eps) {
   const T s = T(1) / (rho + eps);
-  const T t = dignn_tanh(s);
-  const T phi = dignn_tanh(dignn_abs(pi));
+  T t, t_s2, phi, phi_s2;  // tanh and 1 - tanh^2 of s and of |pi|
+  tanh_sech2(s, t, t_s2);
+  tanh_sech2(dignn_abs(pi), phi, phi_s2);
   const T sign = pi > T(0) ? T(1) : (pi < T(0) ? T(-1) : T(0));
   EdgeWeightPartials<T> out;
   out.w = a * t * phi;
-  out.dw_dpi = a * t * (T(1) - phi * phi) * sign;
-  out.dw_drho = -a * phi * (T(1) - t * t) * s * s;
+  out.dw_dpi = a * t * phi_s2 * sign;
+  out.dw_drho = -a * phi * t_s2 * s * s;
   return out;
 }
 

@@ -39,13 +39,13 @@ TORCH_LIBRARY(dignn, m) {
   // Neural Laplacian when p and q are given (edge_value = a); otherwise edge_value holds
   // the fixed weights W and kappa their diagonal (row sums when omitted).
   // The transposed CSR (directed graphs) is only carried to the backward.
-  // stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] of the forward solve,
-  // then the same three of the backward's adjoint solve (NaN until it runs); float64.
+  // stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] (float64).
   m.def("implicit_diffusion(Tensor rowptr, Tensor col, Tensor edge_value, Tensor x, "
         "Tensor chi, Tensor? p, Tensor? q, Tensor? kappa, float mu, float eps, "
         "int max_iter, float tol, Tensor? t_rowptr=None, Tensor? t_col=None, "
         "Tensor? t_perm=None) -> (Tensor z, Tensor w, Tensor kappa_out, Tensor stats)");
-  // Its backward: the adjoint iteration and the fused gradient pass.
+  // Its backward: the adjoint iteration and the fused gradient pass; stats as above, of
+  // the adjoint solve u = g - (1/mu) Delta^T u.
   m.def("implicit_diffusion_backward(Tensor rowptr, Tensor col, Tensor edge_value, "
         "Tensor w, Tensor kappa, Tensor? t_rowptr, Tensor? t_col, Tensor? t_perm, "
         "Tensor x, Tensor chi, Tensor? p, Tensor? q, Tensor z, Tensor grad_z, float mu, "

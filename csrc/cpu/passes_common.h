@@ -1,0 +1,68 @@
+// What every per-instruction-set build of the CPU passes includes before switching the
+// compiler's target (see passes_impl.h), and the declarations dispatch.cpp calls.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "cpu/parallel_rows.h"
+#include "dignn/laplacian_math.h"
+
+// x86-64 with GCC or Clang: the passes are also built for AVX2+FMA and AVX-512 and chosen at
+// run time; elsewhere only the baseline build exists.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DIGNN_CPU_MULTI_ISA 1
+#else
+#define DIGNN_CPU_MULTI_ISA 0
+#endif
+
+namespace dignn {
+namespace cpu {
+
+inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
+  StepNorms total;
+  for (const auto& p : parts) {  // in chunk order: deterministic
+    total.diff_sq += p.diff_sq;
+    total.out_sq += p.out_sq;
+  }
+  return total;
+}
+
+}  // namespace cpu
+}  // namespace dignn
+
+// Declares (in the current namespace) or explicitly instantiates the pass templates.
+#define DIGNN_PASS_SIGNATURES(PREFIX, T, I)                                                  \
+  PREFIX StepNorms neural_edge_pass_t<T, I>(const int64_t*, const I*, const T*, const T*,   \
+                                            const T*, int64_t, int64_t, T, T*, T*, const T*, \
+                                            const T*, const T*, int64_t, T, T*);            \
+  PREFIX StepNorms cached_step_t<T, I>(const int64_t*, const I*, const T*, const T*,        \
+                                       const T*, const T*, const T*, const T*, int64_t,     \
+                                       int64_t, T*);                                        \
+  PREFIX void weight_grad_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*,   \
+                                  int64_t, int64_t, T, const T*, const T*, int64_t,         \
+                                  const T*, const int64_t*, const I*, const T*, const T*,   \
+                                  T*, T*);
+
+#define DIGNN_PASS_ALL_TYPES(PREFIX)           \
+  DIGNN_PASS_SIGNATURES(PREFIX, float, int32_t)  \
+  DIGNN_PASS_SIGNATURES(PREFIX, float, int64_t)  \
+  DIGNN_PASS_SIGNATURES(PREFIX, double, int32_t) \
+  DIGNN_PASS_SIGNATURES(PREFIX, double, int64_t)
+
+#define DIGNN_PASS_TEMPLATE_DECLS                                                            \
+  template <typename T, typename I>                                                          \
+  StepNorms neural_edge_pass_t(const int64_t*, const I*, const T*, const T*, const T*,       \
+                               int64_t, int64_t, T, T*, T*, const T*, const T*, const T*,    \
+                               int64_t, T, T*);                                             \
+  template <typename T, typename I>                                                          \
+  StepNorms cached_step_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,  \
+                          const T*, const T*, int64_t, int64_t, T*);                        \
+  template <typename T, typename I>                                                          \
+  void weight_grad_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t,        \
+                     int64_t, T, const T*, const T*, int64_t, const T*, const int64_t*,      \
+                     const I*, const T*, const T*, T*, T*);

@@ -1,0 +1,500 @@
+// The CPU row passes, written once and compiled for several instruction sets: each
+// csrc/cpu/passes_<isa>.cpp defines DIGNN_VEC_BYTES (16, 32 or 64), switches the compiler's
+// target and includes this file inside namespace dignn::cpu::<isa>; dispatch.cpp picks one at
+// run time. Math: csrc/dignn/laplacian_math.h. Headers must be included *before* this file, so
+// that only the code below is compiled for the wider target.
+//
+// Speed: a row's channel sums are held in kAcc vector registers (GCC/Clang vector types), so a
+// CSR row is one streaming loop of loads and FMAs; dot products keep several independent
+// partial sums. The order of every sum is fixed by the code: results do not change from run
+// to run or with the thread count.
+
+template <typename T>
+struct Simd {
+  typedef T vec __attribute__((vector_size(DIGNN_VEC_BYTES)));
+  static constexpr int kLanes = DIGNN_VEC_BYTES / sizeof(T);
+  static constexpr int kAcc = 8;  // accumulator registers of a row block
+  static constexpr int kBlock = kAcc * kLanes;
+  static inline vec load(const T* p) {
+    vec v;
+    __builtin_memcpy(&v, p, sizeof(vec));
+    return v;
+  }
+  static inline void store(T* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
+  static inline vec splat(T s) { return vec{} + s; }
+  static inline T sum(vec v) {
+    T s = 0;
+    for (int l = 0; l < kLanes; ++l) s += v[l];
+    return s;
+  }
+};
+
+// Neighbour rows are gathered at random; asking for the row of an edge a few edges ahead
+// hides most of the cache-miss latency.
+constexpr int kPrefetchEdges = 4;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t len) {
+  for (int64_t c = 0; c < len; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 0, 3);
+}
+
+// ------------------------------------------------------- edge scalars, many at a time --
+// The per-edge formulas of laplacian_math.h (neural_edge_weight and
+// neural_edge_weight_partials), evaluated over a row's edges at once. glibc's scalar tanhf
+// costs more than the rest of an edge, so float uses tanh_abs_vec below (within a few ulp,
+// tested against the float64 path); double keeps the exact scalar functions.
+
+typedef float FVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
+typedef int32_t IVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
+constexpr int kFloatLanes = DIGNN_VEC_BYTES / sizeof(float);
+
+// tanh(|x|) = a + a^3 P(a^2) (odd Taylor series) for a = |x| < 0.625, where the next term
+// is below half an ulp; 1 - 2 / (exp(2a) + 1) beyond, with exp by Cody-Waite reduction and a
+// degree-7 polynomial on |r| <= ln2/2. Also s2 = 1 - tanh^2 to full relative precision
+// (4 e / (e + 1)^2 on the exp branch). Returns tanh(|x|); the caller restores the sign.
+inline FVec tanh_abs_vec(FVec x, FVec* sech2) {
+  const FVec a = (FVec)((IVec)x & 0x7fffffff);
+  const FVec a2 = a * a;
+  FVec poly = FVec{} + 6404582.0f / 10854718875.0f;
+  poly = poly * a2 - 929569.0f / 638512875.0f;
+  poly = poly * a2 + 21844.0f / 6081075.0f;
+  poly = poly * a2 - 1382.0f / 155925.0f;
+  poly = poly * a2 + 62.0f / 2835.0f;
+  poly = poly * a2 - 17.0f / 315.0f;
+  poly = poly * a2 + 2.0f / 15.0f;
+  poly = poly * a2 - 1.0f / 3.0f;
+  const FVec small = a + a * a2 * poly;
+  FVec y = a + a;
+  y = y < 40.0f ? y : FVec{} + 40.0f;  // tanh(20) is 1 in float
+  const IVec k = __builtin_convertvector(y * 1.44269504088896341f + 0.5f, IVec);
+  const FVec kf = __builtin_convertvector(k, FVec);
+  const FVec r = (y - kf * 0.693145751953125f) - kf * 1.42860682030941723212e-6f;
+  FVec e = FVec{} + 1.0f / 5040.0f;
+  e = e * r + 1.0f / 720.0f;
+  e = e * r + 1.0f / 120.0f;
+  e = e * r + 1.0f / 24.0f;
+  e = e * r + 1.0f / 6.0f;
+  e = e * r + 0.5f;
+  e = e * r + 1.0f;
+  e = e * r + 1.0f;
+  e = e * (FVec)((k + 127) << 23);  // * 2^k
+  const FVec inv = 1.0f / (e + 1.0f);
+  const FVec large = 1.0f - 2.0f * inv;
+  const auto use_small = a < 0.625f;
+  if (sech2 != nullptr) *sech2 = use_small ? 1.0f - small * small : 4.0f * e * inv * inv;
+  return use_small ? small : large;
+}
+
+inline FVec load_f(const float* p) {
+  FVec v;
+  __builtin_memcpy(&v, p, sizeof(FVec));
+  return v;
+}
+
+inline void store_f(float* p, FVec v) { __builtin_memcpy(p, &v, sizeof(FVec)); }
+
+// w[e] = neural_edge_weight(a[e], pi[e], rho[e], eps) for e < count.
+inline void edge_weights_batch(const double* a, const double* pi, const double* rho,
+                               double eps, double* w, int64_t count) {
+  for (int64_t e = 0; e < count; ++e) w[e] = neural_edge_weight(a[e], pi[e], rho[e], eps);
+}
+
+inline void edge_weights_batch(const float* a, const float* pi, const float* rho, float eps,
+                               float* w, int64_t count) {
+  int64_t e = 0;
+  for (; e + kFloatLanes <= count; e += kFloatLanes) {
+    const FVec t = tanh_abs_vec(1.0f / (load_f(rho + e) + eps), nullptr);
+    const FVec phi = tanh_abs_vec(load_f(pi + e), nullptr);
+    store_f(w + e, load_f(a + e) * t * phi);
+  }
+  for (; e < count; ++e) w[e] = neural_edge_weight(a[e], pi[e], rho[e], eps);
+}
+
+// From the edge gradient g[e]: cp[e] = g dW/dpi, cq[e] = g dW/drho / rho (0 at rho = 0).
+inline void edge_partials_batch(const double* a, const double* g, const double* pi,
+                                const double* rho, double eps, double* cp, double* cq,
+                                int64_t count) {
+  for (int64_t e = 0; e < count; ++e) {
+    const EdgeWeightPartials<double> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
+    cp[e] = g[e] * d.dw_dpi;
+    cq[e] = rho[e] > 0.0 ? g[e] * d.dw_drho / rho[e] : 0.0;
+  }
+}
+
+inline void edge_partials_batch(const float* a, const float* g, const float* pi,
+                                const float* rho, float eps, float* cp, float* cq,
+                                int64_t count) {
+  int64_t e = 0;
+  for (; e + kFloatLanes <= count; e += kFloatLanes) {
+    const FVec p = load_f(pi + e), r = load_f(rho + e), ae = load_f(a + e), ge = load_f(g + e);
+    const FVec s = 1.0f / (r + eps);
+    FVec t_s2, phi_s2;  // 1 - tanh^2
+    const FVec t = tanh_abs_vec(s, &t_s2);
+    const FVec phi = tanh_abs_vec(p, &phi_s2);
+    const FVec sign = p > 0.0f ? FVec{} + 1.0f : (p < 0.0f ? FVec{} - 1.0f : FVec{});
+    store_f(cp + e, ge * (ae * t * phi_s2 * sign));
+    const FVec dw_drho = -ae * phi * t_s2 * s * s;
+    store_f(cq + e, r > 0.0f ? ge * dw_drho / (r > 0.0f ? r : FVec{} + 1.0f) : FVec{});
+  }
+  for (; e < count; ++e) {
+    const EdgeWeightPartials<float> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
+    cp[e] = g[e] * d.dw_dpi;
+    cq[e] = rho[e] > 0.0f ? g[e] * d.dw_drho / rho[e] : 0.0f;
+  }
+}
+
+// ------------------------------------------------------------ dot-product reductions --
+// Sum over c of f(u[c], v[c], ...) with 4 independent vector partial sums.
+
+template <typename T>
+inline T dot(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+  using S = Simd<T>;
+  typename S::vec s0{}, s1{}, s2{}, s3{};
+  int64_t c = 0;
+  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
+    s0 += S::load(u + c) * S::load(v + c);
+    s1 += S::load(u + c + S::kLanes) * S::load(v + c + S::kLanes);
+    s2 += S::load(u + c + 2 * S::kLanes) * S::load(v + c + 2 * S::kLanes);
+    s3 += S::load(u + c + 3 * S::kLanes) * S::load(v + c + 3 * S::kLanes);
+  }
+  for (; c + S::kLanes <= len; c += S::kLanes) s0 += S::load(u + c) * S::load(v + c);
+  T s = S::sum((s0 + s1) + (s2 + s3));
+  for (; c < len; ++c) s += u[c] * v[c];
+  return s;
+}
+
+template <typename T>
+inline T dist_sq(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+  using S = Simd<T>;
+  typename S::vec s0{}, s1{}, s2{}, s3{};
+  int64_t c = 0;
+  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
+    const auto t0 = S::load(u + c) - S::load(v + c);
+    const auto t1 = S::load(u + c + S::kLanes) - S::load(v + c + S::kLanes);
+    const auto t2 = S::load(u + c + 2 * S::kLanes) - S::load(v + c + 2 * S::kLanes);
+    const auto t3 = S::load(u + c + 3 * S::kLanes) - S::load(v + c + 3 * S::kLanes);
+    s0 += t0 * t0;
+    s1 += t1 * t1;
+    s2 += t2 * t2;
+    s3 += t3 * t3;
+  }
+  for (; c + S::kLanes <= len; c += S::kLanes) {
+    const auto t = S::load(u + c) - S::load(v + c);
+    s0 += t * t;
+  }
+  T s = S::sum((s0 + s1) + (s2 + s3));
+  for (; c < len; ++c) s += (u[c] - v[c]) * (u[c] - v[c]);
+  return s;
+}
+
+// (a_i - a_j) . (b_j - b_i) when kBoth, else a_i . (b_j - b_i)
+template <bool kBoth, typename T>
+inline T edge_grad_dot(const T* __restrict__ a_i, const T* __restrict__ a_j,
+                       const T* __restrict__ b_i, const T* __restrict__ b_j, int64_t len) {
+  using S = Simd<T>;
+  typename S::vec s0{}, s1{};
+  int64_t c = 0;
+  for (; c + 2 * S::kLanes <= len; c += 2 * S::kLanes) {
+    const int64_t c1 = c + S::kLanes;
+    const auto a0 = kBoth ? S::load(a_i + c) - S::load(a_j + c) : S::load(a_i + c);
+    const auto a1 = kBoth ? S::load(a_i + c1) - S::load(a_j + c1) : S::load(a_i + c1);
+    s0 += a0 * (S::load(b_j + c) - S::load(b_i + c));
+    s1 += a1 * (S::load(b_j + c1) - S::load(b_i + c1));
+  }
+  for (; c + S::kLanes <= len; c += S::kLanes) {
+    const auto a0 = kBoth ? S::load(a_i + c) - S::load(a_j + c) : S::load(a_i + c);
+    s0 += a0 * (S::load(b_j + c) - S::load(b_i + c));
+  }
+  T s = S::sum(s0 + s1);
+  for (; c < len; ++c) s += (kBoth ? a_i[c] - a_j[c] : a_i[c]) * (b_j[c] - b_i[c]);
+  return s;
+}
+
+// ------------------------------------------------------------------ the row step --
+// out_i = b_i + cy y_i + ca sum_k w_k [cs_j] y_j over channels [c0, c0 + NV * lanes), and the
+// block's ||out_i - y_i||^2, ||out_i||^2.
+template <int NV, bool kColScale, typename T, typename I>
+inline void step_block(const T* __restrict__ b_i, const T* __restrict__ y,
+                       const T* __restrict__ y_i, int64_t d, int64_t c0,
+                       const I* __restrict__ col, const T* __restrict__ w,
+                       const T* __restrict__ cs, int64_t k0, int64_t k1, T cy, T ca,
+                       T* __restrict__ out_i, T& diff_sq, T& out_sq) {
+  using S = Simd<T>;
+  typename S::vec acc[NV];
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) acc[v] = typename S::vec{};
+  for (int64_t k = k0; k < k1; ++k) {
+    if (k + kPrefetchEdges < k1) {
+      prefetch_row(y + static_cast<int64_t>(col[k + kPrefetchEdges]) * d + c0,
+                   NV * S::kLanes);
+    }
+    const int64_t j = static_cast<int64_t>(col[k]);
+    const typename S::vec wk = S::splat(kColScale ? w[k] * cs[j] : w[k]);
+    const T* __restrict__ y_j = y + j * d + c0;
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[v] += wk * S::load(y_j + v * S::kLanes);
+  }
+  const typename S::vec vcy = S::splat(cy), vca = S::splat(ca);
+  typename S::vec ds{}, os{};
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) {
+    const int64_t c = c0 + v * S::kLanes;
+    const typename S::vec yi = S::load(y_i + c);
+    const typename S::vec o = S::load(b_i + c) + vcy * yi + vca * acc[v];
+    const typename S::vec t = o - yi;
+    S::store(out_i + c, o);
+    ds += t * t;
+    os += o * o;
+  }
+  diff_sq += S::sum(ds);
+  out_sq += S::sum(os);
+}
+
+template <bool kColScale, typename T, typename I>
+inline void step_row(const T* __restrict__ b_i, const T* __restrict__ y,
+                     const T* __restrict__ y_i, int64_t d, const I* __restrict__ col,
+                     const T* __restrict__ w, const T* __restrict__ cs, int64_t k0,
+                     int64_t k1, T cy, T ca, T* __restrict__ out_i, T& diff_sq, T& out_sq) {
+  using S = Simd<T>;
+  int64_t c0 = 0;
+  for (; c0 + S::kBlock <= d; c0 += S::kBlock) {
+    step_block<S::kAcc, kColScale>(b_i, y, y_i, d, c0, col, w, cs, k0, k1, cy, ca, out_i,
+                                   diff_sq, out_sq);
+  }
+  switch ((d - c0) / S::kLanes) {  // whole vectors left: a shorter block
+#define DIGNN_STEP_TAIL(NV)                                                                   \
+  case NV:                                                                                    \
+    step_block<NV, kColScale>(b_i, y, y_i, d, c0, col, w, cs, k0, k1, cy, ca, out_i, diff_sq, \
+                              out_sq);                                                        \
+    c0 += NV * S::kLanes;                                                                     \
+    break;
+    DIGNN_STEP_TAIL(1)
+    DIGNN_STEP_TAIL(2)
+    DIGNN_STEP_TAIL(3)
+    DIGNN_STEP_TAIL(4)
+    DIGNN_STEP_TAIL(5)
+    DIGNN_STEP_TAIL(6)
+    DIGNN_STEP_TAIL(7)
+#undef DIGNN_STEP_TAIL
+    default:
+      break;
+  }
+  for (; c0 < d; ++c0) {  // channels left over (d not a multiple of the vector width)
+    T acc = 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t j = static_cast<int64_t>(col[k]);
+      acc += (kColScale ? w[k] * cs[j] : w[k]) * y[j * d + c0];
+    }
+    const T o = b_i[c0] + cy * y_i[c0] + ca * acc;
+    const T t = o - y_i[c0];
+    out_i[c0] = o;
+    diff_sq += t * t;
+    out_sq += o * o;
+  }
+}
+
+// -------------------------------------------------------------------------- passes --
+
+template <typename T, typename I>
+StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p,
+                             const T* q, int64_t n, int64_t h, T eps, T* w, T* kappa,
+                             const T* chi, const T* x, const T* z, int64_t d, T inv_mu,
+                             T* z_next) {
+  const RowChunks chunks = balanced_row_chunks(rowptr, n);
+  std::vector<StepNorms> parts(chunks.size());
+  parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
+    StepNorms local;
+    std::vector<T> pi, rho;
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const int64_t k0 = rowptr[i], k1 = rowptr[i + 1];
+      const T* p_i = p + i * h;
+      const T* q_i = q + i * h;
+      pi.resize(k1 - k0);
+      rho.resize(k1 - k0);
+      for (int64_t k = k0; k < k1; ++k) {  // pi_ij = p_i . p_j, rho_ij = ||q_i - q_j||
+        if (k + kPrefetchEdges < k1) {
+          const int64_t f = static_cast<int64_t>(col[k + kPrefetchEdges]);
+          prefetch_row(p + f * h, h);
+          prefetch_row(q + f * h, h);
+        }
+        const int64_t j = static_cast<int64_t>(col[k]);
+        pi[k - k0] = dot(p_i, p + j * h, h);
+        rho[k - k0] = dignn_sqrt(dist_sq(q_i, q + j * h, h));
+      }
+      edge_weights_batch(a + k0, pi.data(), rho.data(), eps, w + k0, k1 - k0);  // eq. 13-14
+      T row_sum = 0;
+      for (int64_t k = k0; k < k1; ++k) row_sum += w[k];
+      kappa[i] = row_sum;
+      if (z_next != nullptr) {  // fused: this row's step with the weights just made
+        const RowCoefficients<T> rc = row_coefficients(chi[i], row_sum, inv_mu);
+        T ds = 0, os = 0;
+        step_row<false>(x + i * d, z, z + i * d, d, col, w, static_cast<const T*>(nullptr),
+                        k0, k1, rc.cy, rc.ca, z_next + i * d, ds, os);
+        local.diff_sq += ds;
+        local.out_sq += os;
+      }
+    }
+    parts[chunk] = local;
+  });
+  return reduce_norms(parts);
+}
+
+template <typename T, typename I>
+StepNorms cached_step_t(const int64_t* rowptr, const I* col, const T* w, const T* b,
+                        const T* cy, const T* rs, const T* cs, const T* y, int64_t n,
+                        int64_t d, T* out) {
+  const RowChunks chunks = balanced_row_chunks(rowptr, n);
+  std::vector<StepNorms> parts(chunks.size());
+  parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
+    StepNorms local;
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const T scale = rs != nullptr ? rs[i] : T(1);
+      T ds = 0, os = 0;
+      if (cs != nullptr) {
+        step_row<true>(b + i * d, y, y + i * d, d, col, w, cs, rowptr[i], rowptr[i + 1], cy[i],
+                       scale, out + i * d, ds, os);
+      } else {
+        step_row<false>(b + i * d, y, y + i * d, d, col, w, cs, rowptr[i], rowptr[i + 1],
+                        cy[i], scale, out + i * d, ds, os);
+      }
+      local.diff_sq += ds;
+      local.out_sq += os;
+    }
+    parts[chunk] = local;
+  });
+  return reduce_norms(parts);
+}
+
+// gp += sum_e cp_e p_{j_e} and gq += sum_e cq_e (q_i - q_{j_e}) over channels
+// [c0, c0 + NV lanes).
+template <int NV, typename T, typename I>
+inline void projection_grad_block(const I* __restrict__ nbr, int64_t count,
+                                  const T* __restrict__ cp, const T* __restrict__ cq, T cq_sum,
+                                  const T* __restrict__ p, const T* __restrict__ q,
+                                  const T* __restrict__ q_i, int64_t h, int64_t c0,
+                                  T* __restrict__ gp, T* __restrict__ gq) {
+  using S = Simd<T>;
+  typename S::vec ap[NV], aq[NV];
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) ap[v] = aq[v] = typename S::vec{};
+  for (int64_t e = 0; e < count; ++e) {
+    const int64_t j = static_cast<int64_t>(nbr[e]);
+    const typename S::vec a = S::splat(cp[e]), b = S::splat(cq[e]);
+    const T* __restrict__ p_j = p + j * h + c0;
+    const T* __restrict__ q_j = q + j * h + c0;
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      ap[v] += a * S::load(p_j + v * S::kLanes);
+      aq[v] += b * S::load(q_j + v * S::kLanes);
+    }
+  }
+  const typename S::vec vs = S::splat(cq_sum);
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) {
+    const int64_t c = c0 + v * S::kLanes;
+    S::store(gp + c, S::load(gp + c) + ap[v]);
+    S::store(gq + c, S::load(gq + c) + vs * S::load(q_i + c) - aq[v]);
+  }
+}
+
+template <typename T, typename I>
+inline void accumulate_projection_grads(const I* __restrict__ nbr, int64_t count,
+                                        const T* __restrict__ cp, const T* __restrict__ cq,
+                                        const T* __restrict__ p, const T* __restrict__ q,
+                                        const T* __restrict__ q_i, int64_t h,
+                                        T* __restrict__ gp, T* __restrict__ gq) {
+  using S = Simd<T>;
+  constexpr int kHalf = S::kAcc / 2;  // two accumulator sets share the registers
+  T cq_sum = 0;
+  for (int64_t e = 0; e < count; ++e) cq_sum += cq[e];
+  int64_t c0 = 0;
+  for (; c0 + kHalf * S::kLanes <= h; c0 += kHalf * S::kLanes) {
+    projection_grad_block<kHalf>(nbr, count, cp, cq, cq_sum, p, q, q_i, h, c0, gp, gq);
+  }
+  for (; c0 + S::kLanes <= h; c0 += S::kLanes) {
+    projection_grad_block<1>(nbr, count, cp, cq, cq_sum, p, q, q_i, h, c0, gp, gq);
+  }
+  for (; c0 < h; ++c0) {
+    T ap = 0, aq = 0;
+    for (int64_t e = 0; e < count; ++e) {
+      const int64_t j = static_cast<int64_t>(nbr[e]);
+      ap += cp[e] * p[j * h + c0];
+      aq += cq[e] * q[j * h + c0];
+    }
+    gp[c0] += ap;
+    gq[c0] += cq_sum * q_i[c0] - aq;
+  }
+}
+
+// The scalars of one row's edges for the gradient: G, pi, rho, then (cp, cq).
+template <typename T>
+struct EdgeScratch {
+  std::vector<T> g, pi, rho, cp, cq;
+  void resize(int64_t count) {
+    g.resize(count);
+    pi.resize(count);
+    rho.resize(count);
+    cp.resize(count);
+    cq.resize(count);
+  }
+};
+
+template <typename T, typename I>
+void weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
+                   int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d,
+                   const T* gw, const int64_t* t_rowptr, const I* t_col, const T* t_a,
+                   const T* t_gw, T* grad_p, T* grad_q) {
+  const bool transposed = t_rowptr != nullptr;
+  const RowChunks chunks = balanced_row_chunks(rowptr, n);
+  parallel_for_rows(chunks, [&](int64_t, int64_t row_begin, int64_t row_end) {
+    EdgeScratch<T> s;
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      T* gp = grad_p + i * h;
+      T* gq = grad_q + i * h;
+      std::fill(gp, gp + h, T(0));
+      std::fill(gq, gq + h, T(0));
+      const T* p_i = p + i * h;
+      const T* q_i = q + i * h;
+      // Row i: edges (i, j), node i the first argument of W_ij; on a symmetric graph
+      // G_ij + G_ji = (v_i - v_j) . (z_j - z_i) covers the mirrored edge (j, i) too.
+      // Then the transposed row i (directed graphs): edges (r, i), node i the second
+      // argument of W_ri, G_ri = v_r . (z_i - z_r).
+      for (int pass = 0; pass < (transposed ? 2 : 1); ++pass) {
+        const bool in_edges = pass == 1;
+        const int64_t k0 = in_edges ? t_rowptr[i] : rowptr[i];
+        const int64_t k1 = in_edges ? t_rowptr[i + 1] : rowptr[i + 1];
+        const I* nbr = in_edges ? t_col : col;
+        const T* given = in_edges ? t_gw : gw;
+        s.resize(k1 - k0);
+        for (int64_t k = k0; k < k1; ++k) {
+          if (k + kPrefetchEdges < k1) {
+            const int64_t f = static_cast<int64_t>(nbr[k + kPrefetchEdges]);
+            prefetch_row(p + f * h, h);
+            prefetch_row(q + f * h, h);
+            if (given == nullptr) {
+              prefetch_row(v + f * d, d);
+              prefetch_row(z + f * d, d);
+            }
+          }
+          const int64_t j = static_cast<int64_t>(nbr[k]);
+          const int64_t e = k - k0;
+          if (given != nullptr) {
+            s.g[e] = given[k];
+          } else if (in_edges) {
+            s.g[e] = edge_grad_dot<false>(v + j * d, v + j * d, z + j * d, z + i * d, d);
+          } else if (transposed) {
+            s.g[e] = edge_grad_dot<false>(v + i * d, v + j * d, z + i * d, z + j * d, d);
+          } else {
+            s.g[e] = edge_grad_dot<true>(v + i * d, v + j * d, z + i * d, z + j * d, d);
+          }
+          s.pi[e] = dot(p_i, p + j * h, h);
+          s.rho[e] = dignn_sqrt(dist_sq(q_i, q + j * h, h));
+        }
+        edge_partials_batch((in_edges ? t_a : a) + k0, s.g.data(), s.pi.data(), s.rho.data(),
+                            eps, s.cp.data(), s.cq.data(), k1 - k0);
+        accumulate_projection_grads(nbr + k0, k1 - k0, s.cp.data(), s.cq.data(), p, q, q_i, h,
+                                    gp, gq);
+      }
+    }
+  });
+}

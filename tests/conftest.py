@@ -1,0 +1,93 @@
+"""Small graphs of every kind the layer must handle, and helpers shared by the tests."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import dignn_kernels as dk
+
+GRAPH_KINDS = ["symmetric", "directed", "weighted", "isolated", "self_loops", "duplicates",
+               "zero_rows", "single_node", "empty", "batch"]
+LAPLACIANS = ["neural", "rw", "unnormalized", "sym"]
+DATA_ROOT = Path(os.environ.get("DIGNN_DATA", Path(__file__).resolve().parents[2] / "shared" /
+                                "data"))
+
+
+def _sym(ei):
+    return torch.cat([ei, ei.flip(0)], dim=1)
+
+
+def make_graph(kind, n=24, d=5, seed=0, dtype=torch.float64):
+    """(x, edge_index, edge_weight) of a small graph of the given kind; edge_weight may be
+    None. Node features are random (some rows zero for 'zero_rows')."""
+    g = torch.Generator().manual_seed(seed)
+    weight = None
+    if kind == "single_node":
+        n = 1
+        ei = torch.empty(2, 0, dtype=torch.long)
+    elif kind == "empty":
+        ei = torch.empty(2, 0, dtype=torch.long)
+    elif kind == "batch":  # three disjoint graphs, as PyG batches them
+        parts, offset = [], 0
+        for size in (n // 3, n // 3, n - 2 * (n // 3)):
+            e = torch.randint(0, size, (2, 2 * size), generator=g)
+            parts.append(_sym(e[:, e[0] != e[1]]) + offset)
+            offset += size
+        ei = torch.cat(parts, dim=1)
+    else:
+        e = torch.randint(0, n, (2, 3 * n), generator=g)
+        e = e[:, e[0] != e[1]]
+        if kind == "directed":
+            ei = e
+        elif kind == "isolated":  # nodes n-4 .. n-1 have no edges at all
+            e = e[:, (e < n - 4).all(dim=0)]
+            ei = _sym(e)
+        elif kind == "self_loops":
+            loops = torch.arange(0, n, 3).repeat(2, 1)
+            ei = torch.cat([_sym(e), loops], dim=1)
+        elif kind == "duplicates":  # a third of the pairs twice, both ways
+            ei = torch.cat([_sym(e), _sym(e[:, : e.size(1) // 3])], dim=1)
+        else:  # symmetric, weighted, zero_rows
+            ei = _sym(e)
+        if kind == "weighted":
+            half = torch.rand(e.size(1), generator=g, dtype=dtype) + 0.1
+            weight = torch.cat([half, half])
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    if kind == "zero_rows":
+        x[::5] = 0.0
+    return x, ei, weight
+
+
+def make_layer(d, laplacian="neural", mu=None, h=4, seed=0, scale=0.4, dtype=torch.float64,
+               **kwargs):
+    """A layer whose metric weights are small enough for the fixed point to converge."""
+    torch.manual_seed(seed)
+    if mu is None:
+        mu = {"unnormalized": 60.0}.get(laplacian, 3.0)
+    layer = dk.FusedImplicitDiffusion(d, mu=mu, laplacian=laplacian, metric_channels=h,
+                                      **kwargs).to(dtype)
+    if laplacian == "neural":
+        with torch.no_grad():
+            for lin in (layer.theta_chi, layer.theta_phi, layer.theta_varphi):
+                lin.weight.mul_(scale / lin.weight.abs().max())
+    return layer
+
+
+def thetas(layer):
+    if layer.laplacian != "neural":
+        return {}
+    return dict(theta_chi=layer.theta_chi.weight, theta_phi=layer.theta_phi.weight,
+                theta_varphi=layer.theta_varphi.weight)
+
+
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_graph_cache():
+    dk.clear_graph_cache()
+    yield
+    dk.clear_graph_cache()

@@ -1,0 +1,251 @@
+"""The torch.ops.dignn operators: opcheck, each pass against plain PyTorch, ISA variants."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels import composed, ops, reference
+from conftest import make_graph, rel_err
+
+OPS = ["neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
+       "diffusion_step", "adjoint_step", "neural_weight_grad", "implicit_diffusion",
+       "implicit_diffusion_backward"]
+
+
+def graph_inputs(kind="symmetric", n=20, d=5, h=4, dtype=torch.float64, seed=0):
+    x, ei, w = make_graph(kind, n=n, d=d, dtype=dtype, seed=seed)
+    g = dk.build_graph(ei, x.size(0), w)
+    gen = torch.Generator().manual_seed(seed + 1)
+    p = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
+    q = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
+    a, deg = g.values(dtype)
+    chi = deg * torch.tanh(p.norm(dim=1))
+    return g, x, p, q, a, chi
+
+
+def dense_w(g, w):
+    n = g.num_nodes
+    m = torch.zeros(n, n, dtype=w.dtype)
+    return m.index_put_((g.rows(), g.col.long()), w, accumulate=True)
+
+
+def test_every_op_is_registered():
+    for name in OPS:
+        assert hasattr(torch.ops.dignn, name), name
+    assert set(OPS) <= set(dk.ops.__all__)
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed"])
+def test_opcheck_every_op(kind):
+    g, x, p, q, a, chi = graph_inputs(kind)
+    t = g.transposed() or dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    z = torch.randn_like(x)
+    v = torch.randn_like(x)
+    tw = w[t[2]]
+    req = lambda *ts: [u.clone().requires_grad_() for u in ts]  # noqa: E731
+    cases = {
+        "neural_edge_weights": [(g.rowptr, g.col, a, p, q, 1e-6),
+                                (g.rowptr, g.col, a, *req(p, q), 1e-6)],
+        "neural_edge_weights_backward": [(g.rowptr, g.col, a, p, q, 1e-6, torch.randn_like(w),
+                                          *t)],
+        "neural_diffusion_step": [(g.rowptr, g.col, a, p, q, chi, x, z, 2.2, 1e-6)],
+        "diffusion_step": [(g.rowptr, g.col, w, chi, kappa, x, z, 2.2)],
+        "adjoint_step": [(t[0], t[1], tw, chi, kappa, x, z, 2.2)],
+        "neural_weight_grad": [(g.rowptr, g.col, a, p, q, z, v, 1e-6, *t)],
+        "implicit_diffusion": [
+            (g.rowptr, g.col, a, x, chi, p, q, None, 3.0, 1e-6, 8, 1e-8, *t),
+            (g.rowptr, g.col, a, *req(x, chi, p, q), None, 3.0, 1e-6, 8, 1e-8, *t),
+            (g.rowptr, g.col, w, *req(x), chi, None, None, kappa, 3.0, 1e-6, 8, 1e-8)],
+        "implicit_diffusion_backward": [(g.rowptr, g.col, a, w, kappa, *t, x, chi, p, q, z,
+                                         torch.randn_like(x), 3.0, 1e-6, 8, 1e-8)],
+    }
+    assert set(cases) == set(OPS)
+    for name, samples in cases.items():
+        for args in samples:
+            torch.library.opcheck(getattr(torch.ops.dignn, name).default, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", ["symmetric", "directed", "duplicates", "self_loops"])
+def test_neural_edge_weights_match_reference(kind, dtype):
+    g, x, p, q, a, chi = graph_inputs(kind, dtype=dtype)
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, 1e-6)
+    want = composed.composed_edge_weights(g, a, p, q, 1e-6)
+    tol = 1e-14 if dtype == torch.float64 else 3e-7
+    assert rel_err(w, want) < tol
+    rows = g.rows()
+    assert rel_err(kappa, torch.zeros_like(kappa).index_add_(0, rows, want)) < tol
+
+
+def test_neural_edge_weights_paper_form():
+    """The CSR pass gives the paper's varphi^2 phi (eq. 13-14) computed from x and the
+    Thetas, per edge, including duplicate edges."""
+    x, ei, w = make_graph("weighted", n=20, d=5)
+    g = dk.build_graph(ei, 20, w)
+    tc, tp, tv = (0.5 * torch.randn(4, 5, dtype=torch.float64),
+                  0.5 * torch.randn(4, 4, dtype=torch.float64),
+                  0.5 * torch.randn(4, 5, dtype=torch.float64))
+    p, q = x @ tc.T @ tp.T, x @ tv.T
+    wk, _ = ops.neural_edge_weights(g.rowptr, g.col, *g.values(torch.float64)[:1], p, q, 1e-6)
+    i, j, w_ref, _ = reference.graph_neural_laplacian(x, ei, w, tc, tp, tv, 1e-6)
+    dense_ref = torch.zeros(20, 20, dtype=torch.float64).index_put_((i, j), w_ref,
+                                                                    accumulate=True)
+    assert rel_err(dense_w(g, wk), dense_ref) < 1e-13
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed"])
+def test_neural_edge_weights_gradcheck(kind):
+    g, x, p, q, a, chi = graph_inputs(kind, n=12, h=3)
+    p.requires_grad_()
+    q.requires_grad_()
+    assert torch.autograd.gradcheck(lambda p, q: ops.neural_edge_weights(
+        g.rowptr, g.col, a, p, q, 1e-6), (p, q))
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed", "zero_rows", "isolated"])
+def test_steps_match_dense(kind):
+    g, x, p, q, a, chi = graph_inputs(kind)
+    if kind == "zero_rows":
+        chi[::5] = 0.0
+    mu = 2.2
+    z = torch.randn_like(x)
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    wd = dense_w(g, w)
+    guard = chi > reference.CHI_FLOOR
+    inv_chi = torch.where(guard, 1 / chi, torch.zeros_like(chi))
+    delta = inv_chi[:, None] * (torch.diag(kappa) - wd)
+    want = x - delta @ z / mu
+    fused, w2, kappa2 = ops.neural_diffusion_step(g.rowptr, g.col, a, p, q, chi, x, z, mu)
+    cached = ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, z, mu)
+    assert rel_err(fused, want) < 1e-13 and rel_err(cached, want) < 1e-13
+    assert torch.equal(w2, w) and torch.equal(kappa2, kappa)
+    t = g.transposed() or (g.rowptr, g.col, torch.arange(g.num_edges))
+    u_next = ops.adjoint_step(t[0], t[1], w[t[2]], chi, kappa, x, z, mu)
+    assert rel_err(u_next, x - delta.T @ z / mu) < 1e-13
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed", "self_loops"])
+def test_neural_weight_grad_matches_autograd(kind):
+    """The fused gradient pass equals autograd through the edge weights with
+    dl/dW_ij = v_i . (z_j - z_i)."""
+    g, x, p, q, a, chi = graph_inputs(kind)
+    z, v = torch.randn_like(x), torch.randn_like(x)
+    pr, qr = p.clone().requires_grad_(), q.clone().requires_grad_()
+    w = composed.composed_edge_weights(g, a, pr, qr, 1e-6)
+    rows, cols = g.rows(), g.col.long()
+    loss = (w * (v[rows] * (z[cols] - z[rows])).sum(1)).sum()
+    gp, gq = torch.autograd.grad(loss, [pr, qr])
+    t = g.transposed()
+    got_p, got_q = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v, 1e-6,
+                                          *(t if t is not None else (None, None, None)))
+    assert rel_err(got_p, gp) < 1e-12 and rel_err(got_q, gq) < 1e-12
+    if t is None:  # the transposed path gives the same on a symmetric graph
+        tt = dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
+        alt_p, alt_q = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v, 1e-6, *tt)
+        assert rel_err(alt_p, gp) < 1e-12 and rel_err(alt_q, gq) < 1e-12
+
+
+def test_float32_edge_math_is_accurate():
+    """The float32 passes evaluate tanh with their own vectorized code: within a few ulp of
+    the float64 math. With h = 1 the dot products are exact, so this measures tanh itself,
+    over arguments from 1e-6 to 1e4 (both branches, and the clamp)."""
+    n = 4000
+    g = dk.build_graph(torch.stack([torch.arange(n), torch.arange(n).roll(1)]), n)
+    gen = torch.Generator().manual_seed(0)
+    mags = 10 ** (torch.rand(n, 1, generator=gen) * 5 - 3)
+    signs = torch.where(torch.rand(n, 1, generator=gen) < 0.5, -1.0, 1.0)
+    p = (mags * signs).float()
+    q = (10 ** (torch.rand(n, 1, generator=gen) * 7 - 5)).float()
+    a = torch.ones(n)
+    w32, _ = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, 1e-6)
+    w64, _ = ops.neural_edge_weights(g.rowptr, g.col, a.double(), p.double(), q.double(), 1e-6)
+    err = (w32.double() - w64).abs() / w64.abs()
+    assert float(err.max()) < 6e-7  # a few float32 ulp (2^-24 = 6e-8)
+    z, v = torch.randn(n, 3, generator=gen), torch.randn(n, 3, generator=gen)
+    gp32, gq32 = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v, 1e-6)
+    gp64, gq64 = ops.neural_weight_grad(g.rowptr, g.col, a.double(), p.double(), q.double(),
+                                        z.double(), v.double(), 1e-6)
+    assert rel_err(gp32, gp64) < 1e-6 and rel_err(gq32, gq64) < 1e-6
+
+
+ISA_SCRIPT = r"""
+import torch, dignn_kernels as dk
+from dignn_kernels import ops
+torch.manual_seed(0)
+n, m = 500, 4000
+ei = torch.randint(0, n, (2, m)); ei = torch.cat([ei, ei.flip(0)], 1)
+g = dk.build_graph(ei, n)
+out = {}
+for dt in (torch.float32, torch.float64):
+    for d in (3, 16, 37, 64):  # block tails and whole blocks
+        p, q = 0.3 * torch.randn(n, 19, dtype=dt), 0.3 * torch.randn(n, 19, dtype=dt)
+        x, z, v = (torch.randn(n, d, dtype=dt) for _ in range(3))
+        a, deg = g.values(dt)
+        chi = deg * torch.tanh(p.norm(dim=1))
+        zn, w, k = ops.neural_diffusion_step(g.rowptr, g.col, a, p, q, chi, x, z, 2.2)
+        gp, gq = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v)
+        out[(str(dt), d)] = [zn, w, k, gp, gq]
+torch.save(out, "PATH")
+"""
+
+
+def test_instruction_set_variants_agree(tmp_path):
+    """The generic, AVX2 and AVX-512 builds of the passes compute the same function (each
+    chosen with DIGNN_CPU_ISA in its own process)."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("only x86-64 builds more than one instruction-set variant")
+    results = {}
+    for isa in ("generic", "avx2", "avx512"):
+        path = tmp_path / f"{isa}.pt"
+        env = dict(os.environ, DIGNN_CPU_ISA=isa)
+        proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT.replace("PATH", str(path))], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0 and "is not one of" in proc.stderr:
+            continue  # this CPU lacks the instruction set
+        assert proc.returncode == 0, proc.stderr
+        results[isa] = torch.load(path)
+    assert "generic" in results and len(results) >= 2
+    base = results.pop("generic")
+    for isa, res in results.items():
+        for key, tensors in res.items():
+            tol = 1e-12 if "float64" in key[0] else 3e-5
+            for got, want in zip(tensors, base[key]):
+                assert rel_err(got, want) < tol, (isa, key)
+
+
+# ------------------------------------------------------------------ bad input --
+
+def test_op_argument_errors():
+    g, x, p, q, a, chi = graph_inputs()
+    with pytest.raises(RuntimeError, match="mu must be > 0"):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, mu=0.0)
+    with pytest.raises(RuntimeError, match="x has 19 rows but the graph has 20 nodes"):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x[:19], chi, p, q, mu=2.0)
+    with pytest.raises(RuntimeError, match="chi must have shape"):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi[:-1], p, q, mu=2.0)
+    with pytest.raises(RuntimeError, match="p and q go together"):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, None, mu=2.0)
+    with pytest.raises(RuntimeError, match="max_iter must be >= 1"):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, mu=2.0, max_iter=0)
+    with pytest.raises(RuntimeError, match="rowptr must be int64"):
+        ops.neural_edge_weights(g.rowptr.int(), g.col, a, p, q)
+    with pytest.raises(RuntimeError, match="a must hold one value per edge"):
+        ops.neural_edge_weights(g.rowptr, g.col, a[:-1], p, q)
+    with pytest.raises(RuntimeError, match="q must have dtype"):
+        ops.neural_edge_weights(g.rowptr, g.col, a, p, q.float())
+    with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
+        ops.neural_weight_grad(g.rowptr, g.col, a, p, q, x, x, 1e-6, g.rowptr)
+
+
+def test_backward_through_building_block_raises():
+    g, x, p, q, a, chi = graph_inputs()
+    z = torch.randn_like(x).requires_grad_()
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    out = ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, z, 2.2)
+    with pytest.raises(RuntimeError, match="diffusion_step"):
+        out.sum().backward()
