@@ -114,7 +114,7 @@ StepNorms neural_edge_pass(const at::Tensor& rowptr, const at::Tensor& col,
 
 StepNorms cached_step(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
                       const at::Tensor& b, const at::Tensor& cy, const at::Tensor& rs,
-                      const at::Tensor& cs, const at::Tensor& y, at::Tensor& out) {
+                      const at::Tensor& y, at::Tensor& out) {
   StepNorms norms;
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "cached_step", [&] {
     AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "cached_step", [&] {
@@ -122,7 +122,7 @@ StepNorms cached_step(const at::Tensor& rowptr, const at::Tensor& col, const at:
         DIGNN_CALL_ISA(cached_step_t, rowptr.data_ptr<int64_t>(), col.data_ptr<index_t>(),
                        w.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
                        cy.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(rs),
-                       ptr_or_null<scalar_t>(cs), y.data_ptr<scalar_t>(), rowptr.numel() - 1,
+                       y.data_ptr<scalar_t>(), rowptr.numel() - 1,
                        y.size(1), out.data_ptr<scalar_t>())
       }();
     });

@@ -25,13 +25,12 @@ StepNorms neural_edge_pass(const at::Tensor& rowptr, const at::Tensor& col,
                            double inv_mu, at::Tensor& z_next);
 
 // One fixed-point pass with cached edge weights:
-//   out_i = b_i + cy_i y_i + rs_i * sum_k w_k cs_{col_k} y_{col_k}
-// rs (row scale) and cs (column scale) are optional (undefined = 1).
-// Forward:  b = X, cy, rs = ca               (CSR of W)
-// Adjoint:  b = g, cy, cs = ca               (CSR of W^T)
+//   out_i = b_i + cy_i y_i + rs_i * sum_k w_k y_{col_k}      (rs optional, undefined = 1)
+// Forward:  b = X, rs = ca, w = W                 (CSR of W)
+// Adjoint:  b = g, rs = 1,  w = W^T_ji ca_j       (CSR of W^T, scaled once per backward)
 StepNorms cached_step(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
                       const at::Tensor& b, const at::Tensor& cy, const at::Tensor& rs,
-                      const at::Tensor& cs, const at::Tensor& y, at::Tensor& out);
+                      const at::Tensor& y, at::Tensor& out);
 
 // The fused gradient pass: dl/dp and dl/dq of the neural edge weights, with the edge
 // gradient G_ij either given per edge (`grad_w`, the backward of neural_edge_weights) or

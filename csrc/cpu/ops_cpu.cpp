@@ -36,6 +36,11 @@ std::pair<Tensor, Tensor> coefficient_vectors(const Tensor& chi, const Tensor& k
   return {cy, ca};
 }
 
+// The adjoint's W^T (ca.u) as one CSR product: entry (j, i) of W^T carries W_ij ca_i.
+Tensor adjoint_weights(const Tensor& t_w, const Tensor& ca, const Tensor& t_col) {
+  return t_w * ca.index_select(0, t_col);
+}
+
 Tensor row_sums(const Tensor& rowptr, const Tensor& values) {
   const int64_t n = num_rows(rowptr);
   Tensor out = at::zeros({n}, values.options());
@@ -146,7 +151,7 @@ Tensor diffusion_step_cpu(const Tensor& rowptr, const Tensor& col, const Tensor&
   check_scalars(mu, 1.0);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
-  cached_step(rowptr, col.contiguous(), w.contiguous(), x.contiguous(), cy, ca, Tensor(),
+  cached_step(rowptr, col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
               z.contiguous(), out);
   return out;
 }
@@ -163,9 +168,10 @@ Tensor adjoint_step_cpu(const Tensor& t_rowptr, const Tensor& t_col, const Tenso
   check_values(t_w, "t_w", {t_col.numel()}, g, t_rowptr);
   check_scalars(mu, 1.0);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
+  const Tensor t_cl = t_col.contiguous();
   Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  cached_step(t_rowptr, t_col.contiguous(), t_w.contiguous(), g.contiguous(), cy, Tensor(),
-              ca, u.contiguous(), out);
+  cached_step(t_rowptr, t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl), g.contiguous(), cy,
+              Tensor(), u.contiguous(), out);
   return out;
 }
 
@@ -270,7 +276,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
       std::tie(cy, ca) = coefficient_vectors(chi, kappa, inv_mu);
       have_weights = true;
     } else {
-      norms = cached_step(rowptr, colc, w, x, cy, ca, Tensor(), z, z_next);
+      norms = cached_step(rowptr, colc, w, x, cy, ca, z, z_next);
     }
     std::swap(z, z_next);
     ++iters;
@@ -313,14 +319,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   const Tensor wc = w.contiguous();
   const Tensor t_rp = t.defined() ? t.rowptr : rowptr;
   const Tensor t_cl = t.defined() ? t.col : col.contiguous();
-  const Tensor t_w = t.defined() ? wc.index_select(0, t.perm) : wc;
+  const Tensor t_w = adjoint_weights(t.defined() ? wc.index_select(0, t.perm) : wc, ca, t_cl);
   Tensor u = g.clone();
   StepNorms norms;
   norms.diff_sq = norms.out_sq = g.square().sum(at::kDouble).item<double>();
   int64_t iters = 1;
   Tensor u_next = at::empty_like(u);
   while (iters < max_iter && !converged(norms, tol)) {
-    norms = cached_step(t_rp, t_cl, t_w, g, cy, Tensor(), ca, u, u_next);
+    norms = cached_step(t_rp, t_cl, t_w, g, cy, Tensor(), u, u_next);
     std::swap(u, u_next);
     ++iters;
   }

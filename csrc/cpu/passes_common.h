@@ -41,8 +41,7 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                             const T*, int64_t, int64_t, T, T*, T*, const T*, \
                                             const T*, const T*, int64_t, T, T*);            \
   PREFIX StepNorms cached_step_t<T, I>(const int64_t*, const I*, const T*, const T*,        \
-                                       const T*, const T*, const T*, const T*, int64_t,     \
-                                       int64_t, T*);                                        \
+                                       const T*, const T*, const T*, int64_t, int64_t, T*); \
   PREFIX void weight_grad_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*,   \
                                   int64_t, int64_t, T, const T*, const T*, int64_t,         \
                                   const T*, const int64_t*, const I*, const T*, const T*,   \
@@ -61,7 +60,7 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                int64_t, T, T*);                                             \
   template <typename T, typename I>                                                          \
   StepNorms cached_step_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,  \
-                          const T*, const T*, int64_t, int64_t, T*);                        \
+                          const T*, int64_t, int64_t, T*);                                  \
   template <typename T, typename I>                                                          \
   void weight_grad_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t,        \
                      int64_t, T, const T*, const T*, int64_t, const T*, const int64_t*,      \

@@ -211,14 +211,14 @@ inline T edge_grad_dot(const T* __restrict__ a_i, const T* __restrict__ a_j,
 }
 
 // ------------------------------------------------------------------ the row step --
-// out_i = b_i + cy y_i + ca sum_k w_k [cs_j] y_j over channels [c0, c0 + NV * lanes), and the
+// out_i = b_i + cy y_i + ca sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
 // block's ||out_i - y_i||^2, ||out_i||^2.
-template <int NV, bool kColScale, typename T, typename I>
+template <int NV, typename T, typename I>
 inline void step_block(const T* __restrict__ b_i, const T* __restrict__ y,
                        const T* __restrict__ y_i, int64_t d, int64_t c0,
-                       const I* __restrict__ col, const T* __restrict__ w,
-                       const T* __restrict__ cs, int64_t k0, int64_t k1, T cy, T ca,
-                       T* __restrict__ out_i, T& diff_sq, T& out_sq) {
+                       const I* __restrict__ col, const T* __restrict__ w, int64_t k0,
+                       int64_t k1, T cy, T ca, T* __restrict__ out_i, T& diff_sq,
+                       T& out_sq) {
   using S = Simd<T>;
   typename S::vec acc[NV];
 #pragma GCC unroll 16
@@ -229,7 +229,7 @@ inline void step_block(const T* __restrict__ b_i, const T* __restrict__ y,
                    NV * S::kLanes);
     }
     const int64_t j = static_cast<int64_t>(col[k]);
-    const typename S::vec wk = S::splat(kColScale ? w[k] * cs[j] : w[k]);
+    const typename S::vec wk = S::splat(w[k]);
     const T* __restrict__ y_j = y + j * d + c0;
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) acc[v] += wk * S::load(y_j + v * S::kLanes);
@@ -250,23 +250,21 @@ inline void step_block(const T* __restrict__ b_i, const T* __restrict__ y,
   out_sq += S::sum(os);
 }
 
-template <bool kColScale, typename T, typename I>
+template <typename T, typename I>
 inline void step_row(const T* __restrict__ b_i, const T* __restrict__ y,
                      const T* __restrict__ y_i, int64_t d, const I* __restrict__ col,
-                     const T* __restrict__ w, const T* __restrict__ cs, int64_t k0,
-                     int64_t k1, T cy, T ca, T* __restrict__ out_i, T& diff_sq, T& out_sq) {
+                     const T* __restrict__ w, int64_t k0, int64_t k1, T cy, T ca,
+                     T* __restrict__ out_i, T& diff_sq, T& out_sq) {
   using S = Simd<T>;
   int64_t c0 = 0;
   for (; c0 + S::kBlock <= d; c0 += S::kBlock) {
-    step_block<S::kAcc, kColScale>(b_i, y, y_i, d, c0, col, w, cs, k0, k1, cy, ca, out_i,
-                                   diff_sq, out_sq);
+    step_block<S::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq);
   }
   switch ((d - c0) / S::kLanes) {  // whole vectors left: a shorter block
-#define DIGNN_STEP_TAIL(NV)                                                                   \
-  case NV:                                                                                    \
-    step_block<NV, kColScale>(b_i, y, y_i, d, c0, col, w, cs, k0, k1, cy, ca, out_i, diff_sq, \
-                              out_sq);                                                        \
-    c0 += NV * S::kLanes;                                                                     \
+#define DIGNN_STEP_TAIL(NV)                                                            \
+  case NV:                                                                             \
+    step_block<NV>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq); \
+    c0 += NV * S::kLanes;                                                              \
     break;
     DIGNN_STEP_TAIL(1)
     DIGNN_STEP_TAIL(2)
@@ -283,7 +281,7 @@ inline void step_row(const T* __restrict__ b_i, const T* __restrict__ y,
     T acc = 0;
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t j = static_cast<int64_t>(col[k]);
-      acc += (kColScale ? w[k] * cs[j] : w[k]) * y[j * d + c0];
+      acc += w[k] * y[j * d + c0];
     }
     const T o = b_i[c0] + cy * y_i[c0] + ca * acc;
     const T t = o - y_i[c0];
@@ -328,8 +326,8 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
       if (z_next != nullptr) {  // fused: this row's step with the weights just made
         const RowCoefficients<T> rc = row_coefficients(chi[i], row_sum, inv_mu);
         T ds = 0, os = 0;
-        step_row<false>(x + i * d, z, z + i * d, d, col, w, static_cast<const T*>(nullptr),
-                        k0, k1, rc.cy, rc.ca, z_next + i * d, ds, os);
+        step_row(x + i * d, z, z + i * d, d, col, w, k0, k1, rc.cy, rc.ca, z_next + i * d, ds,
+                 os);
         local.diff_sq += ds;
         local.out_sq += os;
       }
@@ -341,22 +339,15 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
 
 template <typename T, typename I>
 StepNorms cached_step_t(const int64_t* rowptr, const I* col, const T* w, const T* b,
-                        const T* cy, const T* rs, const T* cs, const T* y, int64_t n,
-                        int64_t d, T* out) {
+                        const T* cy, const T* rs, const T* y, int64_t n, int64_t d, T* out) {
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   std::vector<StepNorms> parts(chunks.size());
   parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
     StepNorms local;
     for (int64_t i = row_begin; i < row_end; ++i) {
-      const T scale = rs != nullptr ? rs[i] : T(1);
       T ds = 0, os = 0;
-      if (cs != nullptr) {
-        step_row<true>(b + i * d, y, y + i * d, d, col, w, cs, rowptr[i], rowptr[i + 1], cy[i],
-                       scale, out + i * d, ds, os);
-      } else {
-        step_row<false>(b + i * d, y, y + i * d, d, col, w, cs, rowptr[i], rowptr[i + 1],
-                        cy[i], scale, out + i * d, ds, os);
-      }
+      step_row(b + i * d, y, y + i * d, d, col, w, rowptr[i], rowptr[i + 1], cy[i],
+               rs != nullptr ? rs[i] : T(1), out + i * d, ds, os);
       local.diff_sq += ds;
       local.out_sq += os;
     }

@@ -1,0 +1,50 @@
+"""Shared pieces of the benchmarks: real graphs from ../shared/data and peak-memory probes.
+
+Run with ``pytest bench/ --benchmark-json bench/results/<name>.json``; set DIGNN_DATA to the
+folder that holds the datasets (default: ../shared/data next to the checkout).
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA_ROOT = Path(os.environ.get("DIGNN_DATA", Path(__file__).resolve().parents[2] / "shared" /
+                                "data"))
+
+
+def load_facebook100(name: str):
+    """(edge_index, num_nodes) of a facebook100 graph stored as LINKX's raw data.mat."""
+    path = DATA_ROOT / name / "raw" / "data.mat"
+    if not path.exists():
+        pytest.skip(f"{path} not found (set DIGNN_DATA to the datasets folder)")
+    import numpy as np
+    import scipy.io
+    adj = scipy.io.loadmat(str(path))["A"].tocoo()
+    edge_index = torch.from_numpy(np.vstack([adj.row, adj.col]).astype(np.int64))
+    return edge_index, adj.shape[0]
+
+
+class PeakMemory:
+    """Peak resident memory growth of the process while a block runs (Linux)."""
+
+    def __enter__(self):
+        if not sys.platform.startswith("linux"):
+            raise RuntimeError("peak memory is read from /proc (Linux only)")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        self.start = self._read("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        self.growth_mb = (self._read("VmHWM") - self.start) / 1024.0
+        return False
+
+    @staticmethod
+    def _read(field):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])  # kB
+        raise RuntimeError(f"{field} not in /proc/self/status")
