@@ -49,19 +49,22 @@ def _use_installed_torch():
     return version
 
 
+# setuptools would answer these by running setup.py, which imports torch before pip could
+# install it; this project has no setup_requires, so the answer is torch or nothing.
+def _torch_requirement():
+    return [] if _installed_torch()[0] else ["torch"]
+
+
 def get_requires_for_build_wheel(config_settings=None):
-    extra = [] if _installed_torch()[0] else ["torch"]
-    return _setuptools.get_requires_for_build_wheel(config_settings) + extra
+    return _torch_requirement()
 
 
 def get_requires_for_build_editable(config_settings=None):
-    extra = [] if _installed_torch()[0] else ["torch"]
-    return _setuptools.get_requires_for_build_editable(config_settings) + extra
+    return _torch_requirement()
 
 
 def get_requires_for_build_sdist(config_settings=None):
-    extra = [] if _installed_torch()[0] else ["torch"]
-    return _setuptools.get_requires_for_build_sdist(config_settings) + extra
+    return _torch_requirement()
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
