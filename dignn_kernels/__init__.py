@@ -21,7 +21,14 @@ def _load_extension() -> None:
             f"{torch.__version__} is installed; rebuild it for this torch with "
             f"`pip install --force-reinstall --no-deps --no-cache-dir .` from the "
             f"dignn-kernels source tree.")
-    from . import _C  # noqa: F401  (registers the torch.ops.dignn operators)
+    try:
+        from . import _C  # noqa: F401  (registers the torch.ops.dignn operators)
+    except ImportError as err:
+        raise ImportError(
+            f"dignn_kernels' compiled extension (_C) could not be loaded from "
+            f"{__path__[0]}: {err}. If that folder is the source tree rather than the installed "
+            f"package, run from another directory, or build in place with `pip install -e .`."
+        ) from None
 
 
 _load_extension()

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from . import ops
+from .backends import kernels_for
 from .composed import composed_edge_weights, composed_implicit_diffusion
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 
@@ -215,11 +216,7 @@ class FusedImplicitDiffusion(nn.Module):
         t_rowptr, t_col, t_perm = t if t is not None else (None, None, None)
         solver = dict(mu=self.mu, eps=self.eps, max_iter=self.max_iter, tol=self.tol,
                       t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
-        if backend == "triton":
-            from . import triton_kernels
-            call = triton_kernels.implicit_diffusion
-        else:
-            call = ops.implicit_diffusion
+        call = kernels_for(backend).implicit_diffusion
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
             chi, p, q = self._projections(x, degree)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 __all__ = [
     "neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
-    "diffusion_step", "adjoint_step", "neural_weight_grad", "implicit_diffusion",
+    "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad", "implicit_diffusion",
     "implicit_diffusion_backward", "backward_stats",
 ]
 
@@ -56,6 +56,14 @@ def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float) -> Tensor:
     """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T (the CSR of W
     itself when W is symmetric)."""
     return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
+
+
+def csr_fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
+    """The row pass under every iteration: ``out = b + cy * y + rs * (W y)`` with per-row
+    ``cy`` and ``rs`` (n). With b = x, cy = -kappa/(mu chi), rs = 1/(mu chi) it is the forward
+    step; on the CSR of W^T with weights W_ij rs_i, the adjoint step; with
+    cy = -(chi + kappa/mu), rs = 1/mu, b = chi x, the residual of (C + L/mu) Z = C X."""
+    return _ops.csr_fma(rowptr, col, w, y, b, cy, rs)
 
 
 def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
@@ -136,6 +144,11 @@ def _(rowptr, col, w, chi, kappa, x, z, mu):
 @torch.library.register_fake("dignn::adjoint_step")
 def _(t_rowptr, t_col, t_w, chi, kappa, g, u, mu):
     return torch.empty_like(g)
+
+
+@torch.library.register_fake("dignn::csr_fma")
+def _(rowptr, col, w, y, b, cy, rs):
+    return torch.empty_like(y)
 
 
 @torch.library.register_fake("dignn::neural_weight_grad")

@@ -144,7 +144,7 @@ def test_input_formats_agree():
     z = layer(x, ei, w)
     n = x.size(0)
     ones = torch.ones(ei.size(1), dtype=x.dtype)
-    coo = torch.sparse_coo_tensor(ei.flip(0), ones, (n, n))
+    coo = torch.sparse_coo_tensor(ei.flip(0), ones, (n, n), check_invariants=True)
     assert rel_err(layer(x, coo), z) < 1e-14
     assert rel_err(layer(x, coo.to_sparse_csr()), z) < 1e-14
     x_nc = x.t().contiguous().t()

@@ -11,7 +11,7 @@ from dignn_kernels import composed, ops, reference
 from conftest import make_graph, rel_err
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
-       "diffusion_step", "adjoint_step", "neural_weight_grad", "implicit_diffusion",
+       "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad", "implicit_diffusion",
        "implicit_diffusion_backward"]
 
 
@@ -55,6 +55,7 @@ def test_opcheck_every_op(kind):
         "neural_diffusion_step": [(g.rowptr, g.col, a, p, q, chi, x, z, 2.2, 1e-6)],
         "diffusion_step": [(g.rowptr, g.col, w, chi, kappa, x, z, 2.2)],
         "adjoint_step": [(t[0], t[1], tw, chi, kappa, x, z, 2.2)],
+        "csr_fma": [(g.rowptr, g.col, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
         "neural_weight_grad": [(g.rowptr, g.col, a, p, q, z, v, 1e-6, *t)],
         "implicit_diffusion": [
             (g.rowptr, g.col, a, x, chi, p, q, None, 3.0, 1e-6, 8, 1e-8, *t),
@@ -126,6 +127,18 @@ def test_steps_match_dense(kind):
     t = g.transposed() or (g.rowptr, g.col, torch.arange(g.num_edges))
     u_next = ops.adjoint_step(t[0], t[1], w[t[2]], chi, kappa, x, z, mu)
     assert rel_err(u_next, x - delta.T @ z / mu) < 1e-13
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d", [1, 5, 16, 67])
+def test_csr_fma_matches_dense(d, dtype):
+    g, _, p, q, a, chi = graph_inputs("directed", n=40, dtype=dtype)
+    w, _ = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    y, b = torch.randn(40, d, dtype=dtype), torch.randn(40, d, dtype=dtype)
+    cy, rs = torch.randn(40, dtype=dtype), torch.randn(40, dtype=dtype)
+    got = ops.csr_fma(g.rowptr, g.col, w, y, b, cy, rs)
+    want = b + cy[:, None] * y + rs[:, None] * (dense_w(g, w) @ y)
+    assert rel_err(got, want) < (1e-13 if dtype == torch.float64 else 1e-6)
 
 
 @pytest.mark.parametrize("kind", ["symmetric", "directed", "self_loops"])
@@ -204,7 +217,7 @@ def test_instruction_set_variants_agree(tmp_path):
         path = tmp_path / f"{isa}.pt"
         env = dict(os.environ, DIGNN_CPU_ISA=isa)
         proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT.replace("PATH", str(path))], env=env,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, cwd=tmp_path)
         if proc.returncode != 0 and "is not one of" in proc.stderr:
             continue  # this CPU lacks the instruction set
         assert proc.returncode == 0, proc.stderr

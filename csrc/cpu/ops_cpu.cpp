@@ -175,6 +175,21 @@ Tensor adjoint_step_cpu(const Tensor& t_rowptr, const Tensor& t_col, const Tenso
   return out;
 }
 
+Tensor csr_fma_cpu(const Tensor& rowptr, const Tensor& col, const Tensor& w, const Tensor& y,
+                   const Tensor& b, const Tensor& cy, const Tensor& rs) {
+  check_graph_signal(rowptr, col, w, "w");
+  const int64_t n = num_rows(rowptr);
+  check_features(y, "y", n, rowptr);
+  check_values(b, "b", y.sizes(), y, rowptr);
+  check_values(w, "w", {col.numel()}, y, rowptr);
+  check_values(cy, "cy", {n}, y, rowptr);
+  check_values(rs, "rs", {n}, y, rowptr);
+  Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
+  cached_step(rowptr, col.contiguous(), w.contiguous(), b.contiguous(), cy.contiguous(),
+              rs.contiguous(), y.contiguous(), out);
+  return out;
+}
+
 struct Transposed {
   Tensor rowptr, col, perm;
   bool defined() const { return rowptr.defined(); }
@@ -359,6 +374,7 @@ TORCH_LIBRARY_IMPL(dignn, CPU, m) {
   m.impl("neural_diffusion_step", &neural_diffusion_step_cpu);
   m.impl("diffusion_step", &diffusion_step_cpu);
   m.impl("adjoint_step", &adjoint_step_cpu);
+  m.impl("csr_fma", &csr_fma_cpu);
   m.impl("neural_weight_grad", &neural_weight_grad_cpu);
   m.impl("implicit_diffusion", &implicit_diffusion_cpu);
   m.impl("implicit_diffusion_backward", &implicit_diffusion_backward_cpu);

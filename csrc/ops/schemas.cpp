@@ -30,6 +30,10 @@ TORCH_LIBRARY(dignn, m) {
   // Cached-weight adjoint pass on the CSR of W^T: u_next = g - (1/mu) Delta^T u.
   m.def("adjoint_step(Tensor t_rowptr, Tensor t_col, Tensor t_w, Tensor chi, Tensor kappa, "
         "Tensor g, Tensor u, float mu) -> Tensor");
+  // The general row pass under the steps above: out = b + cy * y + rs * (W y), with
+  // cy and rs per row (any linear fixed-point or Krylov iteration on the Laplacian).
+  m.def("csr_fma(Tensor rowptr, Tensor col, Tensor w, Tensor y, Tensor b, Tensor cy, "
+        "Tensor rs) -> Tensor");
   // Fused gradient pass: dl/dp, dl/dq from the adjoint v and the equilibrium z,
   // with G_ij = v_i . (z_j - z_i).
   m.def("neural_weight_grad(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
@@ -55,7 +59,7 @@ TORCH_LIBRARY(dignn, m) {
 
 TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
   for (const char* name : {"neural_edge_weights_backward", "neural_diffusion_step",
-                           "diffusion_step", "adjoint_step", "neural_weight_grad",
+                           "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
                            "implicit_diffusion_backward"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }

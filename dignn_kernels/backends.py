@@ -1,0 +1,37 @@
+"""The passes behind the layer, per backend, under one interface.
+
+``kernels_for(name)`` returns an object with the functions below, so the solvers are written
+once for every backend:
+
+- ``neural_edge_weights(rowptr, col, a, p, q, eps) -> (w, kappa)``
+- ``csr_fma(rowptr, col, w, y, b, cy, rs) -> b + cy*y + rs*(W y)``
+- ``neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
+  -> (dl/dp, dl/dq)`` with dl/dW_ij = v_i . (z_j - z_i)
+- ``implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, *, mu, eps, max_iter, tol,
+  t_rowptr, t_col, t_perm) -> (z, stats)``: the differentiable fixed-point layer
+
+``"cpu"`` and ``"cuda"`` are the compiled ``torch.ops.dignn`` operators (the dispatcher picks the
+device); ``"triton"`` is :mod:`dignn_kernels.triton_kernels`.
+"""
+from types import SimpleNamespace
+
+from . import ops
+
+__all__ = ["kernels_for"]
+
+_COMPILED = SimpleNamespace(
+    name="compiled",
+    neural_edge_weights=ops.neural_edge_weights,
+    csr_fma=ops.csr_fma,
+    neural_weight_grad=ops.neural_weight_grad,
+    implicit_diffusion=ops.implicit_diffusion,
+)
+
+
+def kernels_for(backend: str):
+    if backend in ("cpu", "cuda"):
+        return _COMPILED
+    if backend == "triton":
+        from . import triton_kernels
+        return triton_kernels
+    raise ValueError(f"no kernels for backend {backend!r}")
