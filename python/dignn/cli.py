@@ -1,0 +1,242 @@
+"""The ``dignn`` command.
+
+``dignn train`` trains DIGNN with a preset (the paper's tables 6/7, ``--preset paper``, or the
+default ``tuned``), one model per split with model selection on validation accuracy, and prints
+the test accuracy per split and their mean +- std. ``dignn plot convergence|mu`` draws the
+paper's convergence figure and mu study as PNG files. ``dignn train`` with no ``--dataset``
+trains on the generated CSBM graph (no data files, no network).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,2, "
+                                         f"got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one split index, e.g. 0,1,2")
+    return values
+
+
+def _float_list(text: str) -> List[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as "
+                                         f"1,1.25,2, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-root", metavar="DIR", default=None,
+                   help="folder with the raw datasets in PyG's layout <root>/<name>/raw "
+                        "(read only; default $DIGNN_DATA, else the cache)")
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="where raw files are copied and PyG writes processed files "
+                        "(default $DIGNN_CACHE or ~/.cache/dignn)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .data import DATASETS
+    from .presets import PRESETS
+    parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train DIGNN and report test accuracy per split")
+    t.add_argument("--dataset", default="csbm", choices=sorted(DATASETS), type=str.lower,
+                   help="dataset (default: csbm, a generated graph that needs no files)")
+    _add_data_args(t)
+    t.add_argument("--laplacian", default="neural", choices=["neural", "rw"])
+    t.add_argument("--splits", type=_int_list, default=None, metavar="0,1,...",
+                   help="split (fold) indices to run (default: all)")
+    t.add_argument("--epochs", type=_positive_int, default=None, metavar="N")
+    t.add_argument("--preset", default="tuned", choices=list(PRESETS),
+                   help="hyperparameters: 'paper' = appendix tables 6 (rw) and 7 (neural); "
+                        "'tuned' (default) = those with the changes listed in the README")
+    t.add_argument("--json", metavar="PATH", default=None,
+                   help='write {"dataset", "laplacian", "test_acc": [per split], "mean", '
+                        '"std"} (accuracies as fractions) and run details')
+    over = t.add_argument_group("overrides of the preset")
+    over.add_argument("--mu", type=float, default=None)
+    over.add_argument("--hidden", type=_positive_int, default=None)
+    over.add_argument("--lr", type=float, default=None)
+    over.add_argument("--weight-decay", type=float, default=None)
+    over.add_argument("--dropout", type=float, default=None)
+    over.add_argument("--max-iter", type=_positive_int, default=None)
+    over.add_argument("--tol", type=float, default=None)
+    over.add_argument("--input-unit", choices=["mlp", "adj", "linkx"], default=None)
+    over.add_argument("--patience", type=_positive_int, default=None,
+                      help="stop a split after N epochs without a better validation accuracy")
+    over.add_argument("--seed", type=int, default=None)
+    over.add_argument("--spectral-norm", action="store_true", default=None,
+                      help="spectrally normalize the neural Laplacian's Θχ and Θφ")
+    t.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
+    psub = p.add_subparsers(dest="figure", required=True)
+    c = psub.add_parser("convergence", help="||Z_t - Z_{t-1}||_F against t")
+    c.add_argument("--datasets", default="csbm", metavar="A,B",
+                   help="comma-separated node datasets (default: csbm; the paper: "
+                        "cora,chameleon)")
+    c.add_argument("--mu", type=float, default=2.0, help="mu (the paper uses 2)")
+    c.add_argument("--max-iter", type=_positive_int, default=30, help="iterations to plot")
+    c.add_argument("--out", default="dignn_convergence.png", metavar="PNG")
+    m = psub.add_parser("mu", help="residual, generalization gap and accuracy against mu")
+    m.add_argument("--dataset", default="csbm", type=str.lower)
+    m.add_argument("--mus", type=_float_list, default=[1.0, 1.25, 1.5, 2.0, 2.5, 5.0],
+                   metavar="1,1.25,...")
+    m.add_argument("--max-iter", type=_positive_int, default=10, help="T (the paper: 10)")
+    m.add_argument("--out", default="dignn_mu.png", metavar="PNG")
+    for q in (c, m):
+        _add_data_args(q)
+        q.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
+                       help="training epochs per model (default: the preset's)")
+        q.add_argument("--json", metavar="PATH", default=None, help="also write the numbers")
+        q.add_argument("--progress", action="store_true", help="show progress bars")
+    return parser
+
+
+def _show_warnings() -> None:
+    """mu warnings on stderr as one readable line each; PyG's import-time deprecation
+    notices are not the user's concern."""
+    from .spectral import MuBelowSpectrumWarning
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*is deprecated",
+                            category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"Sparse (CSR tensor support|invariant checks)")
+    warnings.simplefilter("always", MuBelowSpectrumWarning)
+    default_show = warnings.showwarning
+    shown = []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, MuBelowSpectrumWarning):
+            return default_show(message, category, filename, lineno, file, line)
+        text = str(message)
+        # the explanation once; later warnings only say where and how large lambda_max is
+        print(f"warning: {text if not shown else text.split(': ')[0]}", file=sys.stderr)
+        shown.append(text)
+    warnings.showwarning = show
+
+
+def _train(args) -> int:
+    import torch
+    from .data import DatasetUnavailableError, load_dataset
+    from .presets import preset_config
+    from .train import train
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        config = preset_config(args.dataset, args.laplacian, args.preset, mu=args.mu,
+                               hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
+                               dropout=args.dropout, max_iter=args.max_iter, tol=args.tol,
+                               input_unit=args.input_unit, epochs=args.epochs,
+                               patience=args.patience, seed=args.seed,
+                               spectral_norm=args.spectral_norm)
+        start = time.perf_counter()
+        dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
+    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
+        print(f"dignn train: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{dataset.description}", flush=True)
+    shown = {k: v for k, v in config.as_dict().items()
+             if k not in ("backend",) and not (dataset.task == "node" and
+                                                k in ("batch_size", "pooling"))}
+    print(f"preset {args.preset}: " + ", ".join(f"{k}={v}" for k, v in shown.items()),
+          flush=True)
+
+    def report(r):
+        print(f"split {r.split}: test acc {100 * r.test_acc:.2f}% (val {100 * r.val_acc:.2f}%"
+              f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, lambda_max "
+              f"{r.lambda_max_start:.3g} -> {r.lambda_max_end:.3g}, mu {config.mu:g})",
+              flush=True)
+    try:
+        run = train(dataset, config, args.splits, progress=not args.no_progress,
+                    on_split=report)
+    except ValueError as err:
+        print(f"dignn train: error: {err}", file=sys.stderr)
+        return 2
+    total = time.perf_counter() - start
+    accs = ", ".join(f"{100 * a:.2f}" for a in run.test_acc)
+    print(f"{dataset.name} ({config.laplacian}): test accuracy {100 * run.mean:.2f} +- "
+          f"{100 * run.std:.2f} % over {len(run.splits)} split(s) [{accs}] in {total:.1f} s")
+    if args.json:
+        record = run.to_json()
+        record["preset"] = args.preset
+        record["wall_seconds"] = round(total, 2)
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+def _plot(args) -> int:
+    from .data import DatasetUnavailableError
+    from . import plot
+    try:
+        if args.figure == "convergence":
+            names = [n.strip().lower() for n in args.datasets.split(",") if n.strip()]
+            study = plot.convergence_study(names, args.data_root, args.cache_dir, mu=args.mu,
+                                           num_iter=args.max_iter, epochs=args.epochs,
+                                           progress=args.progress)
+            path = plot.plot_convergence(study, args.out)
+            for name, row in study.items():
+                print(f"{name}: ||Z_t - Z_t-1||_F from {row['residuals'][0]:.3g} (t=1) to "
+                      f"{row['residuals'][-1]:.3g} (t={len(row['residuals'])}), "
+                      f"lambda_max ~ {row['lambda_max']:.3g}, mu {row['mu']:g}")
+        else:
+            study = plot.mu_study(args.dataset, args.mus, args.data_root, args.cache_dir,
+                                  epochs=args.epochs, max_iter=args.max_iter,
+                                  progress=args.progress)
+            path = plot.plot_mu(study, args.out)
+            for i, mu in enumerate(study["mu"]):
+                print(f"mu {mu:g}: residual {study['residual'][i]:.3g}, gap "
+                      f"{study['gap'][i]:.3g}, test acc {100 * study['test_acc'][i]:.2f}%, "
+                      f"lambda_max ~ {study['lambda_max'][i]:.3g}")
+    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
+        print(f"dignn plot: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(study, indent=2) + "\n")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        _show_warnings()
+        if args.command == "train":
+            return _train(args)
+        return _plot(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""DIGNN models (paper section 5, eq. model-in / diff / model-out, and appendix "Model
+architectures") on :class:`dignn_kernels.FusedImplicitDiffusion`.
+
+Node classification::
+
+    X~ = h_in(A, X)                       input unit: "mlp", "adj" (A X) or "linkx"
+    X~ = BatchNorm(Dropout(ReLU(Linear(X~))))   the batch norm before the implicit layer
+    Z  = X~ - (1/mu) Delta Z              implicit diffusion (eq. diff), "neural" or "rw"
+    y  = Linear(Dropout(BatchNorm(Z)))    linear classifier (eq. model-out)
+
+Graph classification (batched PyG graphs)::
+
+    X~ = BatchNorm(Dropout(ReLU(Linear(X))))    1-layer MLP
+    Z  = X~ - (1/mu) Delta Z              on the block-diagonal batch graph
+    g  = global_pool(ReLU(Linear(Z)), batch)     "add" (default), "mean" or "max"
+    y  = MLP(g)                           classifier
+
+Dropout follows every layer. The implicit layer's input ``X~`` is what the spectral check
+(:mod:`dignn.spectral`) measures Delta on; :meth:`DIGNNNodeClassifier.diffusion_input` returns
+it.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dignn_kernels import FusedImplicitDiffusion
+
+__all__ = ["INPUT_UNITS", "DIGNN_LAPLACIANS", "DIGNNNodeClassifier", "DIGNNGraphClassifier",
+           "adjacency_matrix"]
+
+INPUT_UNITS = ("mlp", "adj", "linkx")
+DIGNN_LAPLACIANS = ("neural", "rw")
+
+
+def adjacency_matrix(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """The binary adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
+    messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper).
+    Duplicate edges count once."""
+    key = torch.unique(edge_index[1].long() * num_nodes + edge_index[0].long())
+    rows, cols = key // num_nodes, key % num_nodes
+    values = torch.ones(key.numel(), dtype=torch.float32, device=edge_index.device)
+    return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (num_nodes, num_nodes),
+                                   is_coalesced=True, check_invariants=False)
+
+
+def _linear_any(layer: nn.Linear, x: Tensor) -> Tensor:
+    """``layer(x)`` for a dense or sparse (CSR/COO) x."""
+    if x.layout == torch.strided:
+        return layer(x)
+    out = torch.sparse.mm(x, layer.weight.t())
+    return out + layer.bias if layer.bias is not None else out
+
+
+def _version(t: Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # sparse tensors have no version counter
+        return 0
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def _check_dropout(dropout):
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
+            not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+
+
+class LINKXInput(nn.Module):
+    """LINKX's input unit (Lim et al. 2021): MLP(concat(MLP(A), MLP(X))) with the two
+    branches also added to the output, h = ReLU(W [h_A; h_X] + h_A + h_X) followed by a
+    linear layer. ``A`` is the n x n adjacency read as node features (transductive: the
+    model is tied to ``num_nodes``)."""
+
+    def __init__(self, num_nodes: int, in_channels: int, hidden: int, dropout: float):
+        super().__init__()
+        self.num_nodes = num_nodes
+        self.lin_a = nn.Linear(num_nodes, hidden)
+        self.lin_x = nn.Linear(in_channels, hidden)
+        self.lin_cat = nn.Linear(2 * hidden, hidden)
+        self.lin_out = nn.Linear(hidden, hidden)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, adj: Tensor) -> Tensor:
+        if x.layout == torch.strided:
+            x = F.dropout(x, self.dropout, self.training)
+        h_a = _linear_any(self.lin_a, adj)
+        h_x = _linear_any(self.lin_x, x)
+        h = F.relu(self.lin_cat(torch.cat([h_a, h_x], dim=1)) + h_a + h_x)
+        h = F.dropout(h, self.dropout, self.training)
+        return self.lin_out(h)
+
+
+class DIGNNNodeClassifier(nn.Module):
+    """DIGNN for (semi-supervised, transductive) node classification.
+
+    Args:
+        in_channels: node feature width.
+        hidden: width of X~ and Z (the paper's "num hid").
+        num_classes: output classes.
+        input_unit: ``"mlp"`` (a linear layer on X), ``"adj"`` (on A X, the paper's input for
+            Chameleon/Squirrel) or ``"linkx"`` (MLP(concat(MLP(A), MLP(X))), for facebook100).
+        num_nodes: the graph's size; required by ``"linkx"`` (its A-branch has one weight
+            row per node).
+        laplacian: ``"neural"`` (graph neural Laplacian, eq. 12-14) or ``"rw"``.
+        mu, max_iter, tol: the implicit layer's mu, iteration cap and relative tolerance
+            (the paper's "threshold").
+        dropout: dropout rate after each layer.
+        metric_channels: width h of the neural Laplacian's projections (default ``hidden``).
+        backend: the implicit layer's backend (see :class:`FusedImplicitDiffusion`).
+
+    ``forward(x, edge_index)`` returns logits [num_nodes, num_classes]. ``x`` may be a sparse
+    CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
+    once per graph and cached.
+    """
+
+    def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
+                 input_unit: str = "mlp", num_nodes: Optional[int] = None,
+                 laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
+                 tol: float = 1e-6, dropout: float = 0.5,
+                 metric_channels: Optional[int] = None, backend: str = "auto"):
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("hidden", hidden),
+                            ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_choice("input_unit", input_unit, INPUT_UNITS)
+        _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
+        _check_dropout(dropout)
+        if input_unit == "linkx" and (not isinstance(num_nodes, int) or num_nodes < 1):
+            raise ValueError("input_unit='linkx' needs num_nodes (the graph's node count): "
+                             "its A-branch has one weight row per node")
+        self.input_unit = input_unit
+        self.num_nodes = num_nodes
+        self.dropout = dropout
+        if input_unit == "linkx":
+            self.linkx = LINKXInput(num_nodes, in_channels, hidden, dropout)
+            self.lin_in = nn.Linear(hidden, hidden)
+        else:
+            self.lin_in = nn.Linear(in_channels, hidden)
+        self.norm_in = nn.BatchNorm1d(hidden)
+        self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
+                                                metric_channels=metric_channels,
+                                                max_iter=max_iter, tol=tol, backend=backend)
+        self.norm_out = nn.BatchNorm1d(hidden)
+        self.classifier = nn.Linear(hidden, num_classes)
+        self._graph_refs = None
+        self._graph_cache = None
+
+    # -------------------------------------------------------------------- graph cache --
+    def _graph_features(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """A X (``adj``) or A (``linkx``), computed once per (x, edge_index) pair."""
+        refs = self._graph_refs
+        versions = (_version(x), _version(edge_index))
+        if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
+                refs[2] != versions:
+            adj = adjacency_matrix(edge_index, x.size(0)).to(x.device)
+            if self.input_unit == "adj":
+                dense_x = x.to_dense() if x.layout != torch.strided else x
+                feats = torch.sparse.mm(adj, dense_x.float())
+            else:
+                feats = adj
+            self._graph_refs = (weakref.ref(x), weakref.ref(edge_index), versions)
+            self._graph_cache = feats
+        return self._graph_cache
+
+    def _check_inputs(self, x: Tensor, edge_index: Tensor) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(f"x must be a 2-D tensor [num_nodes, in_channels], got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or \
+                edge_index.size(0) != 2:
+            raise ValueError(f"edge_index must be a [2, num_edges] tensor, got "
+                             f"{getattr(edge_index, 'shape', type(edge_index).__name__)}")
+        if self.input_unit == "linkx" and x.size(0) != self.num_nodes:
+            raise ValueError(f"this linkx model was built for num_nodes={self.num_nodes} but "
+                             f"x has {x.size(0)} rows")
+
+    # ----------------------------------------------------------------------- forward --
+    def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """X~, the input of the implicit layer (after the batch norm)."""
+        self._check_inputs(x, edge_index)
+        if self.input_unit == "linkx":
+            h = self.linkx(x, self._graph_features(x, edge_index))
+            h = F.dropout(h, self.dropout, self.training)
+            h = self.lin_in(h)
+        else:
+            h = self._graph_features(x, edge_index) if self.input_unit == "adj" else x
+            if h.layout == torch.strided:
+                h = F.dropout(h, self.dropout, self.training)
+            h = _linear_any(self.lin_in, h)
+        h = F.dropout(F.relu(h), self.dropout, self.training)
+        return self.norm_in(h)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = self.diffusion_input(x, edge_index)
+        z = self.diffusion(h, edge_index)
+        z = F.dropout(self.norm_out(z), self.dropout, self.training)
+        return self.classifier(z)
+
+
+class DIGNNGraphClassifier(nn.Module):
+    """DIGNN for graph classification on PyG mini-batches (``Batch``: disjoint graphs, one
+    block-diagonal edge_index, ``batch`` vector).
+
+    Args as for :class:`DIGNNNodeClassifier`, plus ``pooling`` (``"add"``, ``"mean"`` or
+    ``"max"``). ``forward(x, edge_index, batch, num_graphs=None)`` returns logits
+    [num_graphs, num_classes].
+    """
+
+    POOLINGS = ("add", "mean", "max")
+
+    def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
+                 laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
+                 tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
+                 metric_channels: Optional[int] = None, backend: str = "auto"):
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("hidden", hidden),
+                            ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
+        _check_choice("pooling", pooling, self.POOLINGS)
+        _check_dropout(dropout)
+        self.dropout = dropout
+        self.pooling = pooling
+        self.lin_in = nn.Linear(in_channels, hidden)
+        self.norm_in = nn.BatchNorm1d(hidden)
+        self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
+                                                metric_channels=metric_channels,
+                                                max_iter=max_iter, tol=tol, backend=backend)
+        self.lin_node = nn.Linear(hidden, hidden)
+        self.lin_graph = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = F.dropout(F.relu(self.lin_in(x.float())), self.dropout, self.training)
+        return self.norm_in(h)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor,
+                num_graphs: Optional[int] = None) -> Tensor:
+        from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+        if batch.dim() != 1 or batch.numel() != x.size(0):
+            raise ValueError(f"batch must be a vector with one graph id per node "
+                             f"({x.size(0)}), got shape {list(batch.shape)}")
+        h = self.diffusion_input(x, edge_index)
+        z = self.diffusion(h, edge_index)
+        z = F.dropout(F.relu(self.lin_node(z)), self.dropout, self.training)
+        pool = {"add": global_add_pool, "mean": global_mean_pool,
+                "max": global_max_pool}[self.pooling]
+        g = pool(z, batch, size=num_graphs)
+        g = F.dropout(F.relu(self.lin_graph(g)), self.dropout, self.training)
+        return self.classifier(g)
