@@ -164,3 +164,25 @@ def test_mutag(cache):
     assert g.task == "graph" and len(g.graphs) == 188
     assert (g.num_features, g.num_classes) == (7, 2)
     assert sorted(torch.cat([s.test for s in g.splits]).tolist()) == list(range(188))
+
+
+def test_chameleon_directed_loader_on_a_tiny_geom_gcn_fixture(tmp_path):
+    """The Geom-GCN release's layout (PyG's WikipediaNetwork, geom_gcn_preprocess=True), here
+    a 4-node stand-in: directed links are kept and flipped so that a page aggregates over
+    the pages it links to."""
+    import numpy as np
+    raw = tmp_path / "root" / "chameleon" / "geom_gcn" / "raw"
+    raw.mkdir(parents=True)
+    rows = ["node_id\tfeature\tlabel"] + [f"{i}\t{i % 2},1,0\t{i % 3}" for i in range(4)]
+    (raw / "out1_node_feature_label.txt").write_text("\n".join(rows) + "\n")
+    (raw / "out1_graph_edges.txt").write_text("node_id\tnode_id\n0\t1\n1\t2\n3\t0\n")
+    for k in range(10):
+        masks = {m: np.array([i % 4 == j for i in range(4)])
+                 for j, m in enumerate(["train_mask", "val_mask", "test_mask"])}
+        np.savez(raw / f"chameleon_split_0.6_0.2_{k}.npz", **masks)
+    g = dd.load_dataset("chameleon-directed", tmp_path / "root", tmp_path / "cache")
+    assert g.num_nodes == 4 and len(g.splits) == 10
+    # link 0 -> 1 is stored as the message 1 -> 0: node 0 aggregates what it links to
+    assert sorted(map(tuple, g.edge_index.t().tolist())) == [(0, 3), (1, 0), (2, 1)]
+    torch.testing.assert_close(g.x.sum(1), torch.ones(4))
+    assert not (tmp_path / "root" / "chameleon" / "geom_gcn" / "processed").exists()

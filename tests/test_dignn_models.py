@@ -7,6 +7,16 @@ from dignn.data import csbm
 from dignn.models import DIGNNGraphClassifier, DIGNNNodeClassifier, adjacency_matrix
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These graphs are tiny: intra-op threads gain nothing on them, and on a busy machine
+    OpenMP's spinning barriers make small ops many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def small():
     return csbm(num_nodes=120, num_classes=3, num_features=10, avg_degree=6, num_splits=2)
@@ -136,3 +146,15 @@ def test_bad_inputs(small):
     with pytest.raises(ValueError, match="batch"):
         graph_model(torch.randn(5, 3), torch.empty(2, 0, dtype=torch.long),
                     torch.zeros(4, dtype=torch.long))
+
+
+def test_dropout_of_sparse_features():
+    from dignn.models import _dropout_any
+    torch.manual_seed(0)
+    x = (torch.rand(200, 50) < 0.1).float()
+    out = _dropout_any(x.to_sparse(), 0.5, True).to_dense()
+    kept = out != 0
+    assert (kept <= (x != 0)).all()  # only stored entries survive
+    assert 0.35 < float(kept.sum() / (x != 0).sum()) < 0.65
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 2.0))  # scaled by 1/(1-p)
+    assert _dropout_any(x.to_sparse(), 0.5, False).to_dense().equal(x)

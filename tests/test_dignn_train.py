@@ -1,5 +1,6 @@
 """Training, presets, the ``dignn`` command (train --json, plot) on small generated graphs."""
 import json
+import os
 import subprocess
 import sys
 
@@ -11,10 +12,20 @@ from dignn import cli
 from dignn.data import csbm, load_dataset
 from dignn.presets import (PAPER_TABLE6_RW, PAPER_TABLE7_NEURAL, TrainConfig,
                            preset_config)
-from dignn.train import train
+from dignn.training import train
 
 SMALL_CSBM = dict(num_nodes=300, num_classes=3, num_features=16, avg_degree=8,
                   homophily=0.8, signal=1.0, num_splits=3)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These graphs are tiny: intra-op threads gain nothing on them, and on a busy machine
+    OpenMP's spinning barriers make small ops many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +56,7 @@ def test_patience_stops_early(graph):
 def test_selected_weights_are_restored(graph):
     """The returned model is the one of the best validation epoch: evaluating it again gives
     the recorded test accuracy."""
-    from dignn.train import train_node_split
+    from dignn.training import train_node_split
     config = TrainConfig(hidden=8, epochs=15, lr=0.05, max_iter=4)
     result = train_node_split(graph, config, 0, progress=False, keep_model=True)
     result.model.eval()
@@ -57,7 +68,7 @@ def test_selected_weights_are_restored(graph):
 
 
 def test_run_statistics():
-    from dignn.train import RunResult, SplitResult
+    from dignn.training import RunResult, SplitResult
     run = RunResult("x", "neural", TrainConfig())
     for k, acc in enumerate([0.5, 0.7, 0.9]):
         run.splits.append(SplitResult(k, acc, acc, 1, 1, 0.0, 0.0, 0.0))
@@ -166,7 +177,8 @@ def test_console_script_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dignn.cli", "train", "--splits", "0",
                            "--epochs", "2", "--hidden", "8", "--json", str(out),
                            "--no-progress", "--laplacian", "rw"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     _schema_ok(record)

@@ -12,8 +12,8 @@ Graph classification (batched PyG graphs)::
 
     X~ = BatchNorm(Dropout(ReLU(Linear(X))))    1-layer MLP
     Z  = X~ - (1/mu) Delta Z              on the block-diagonal batch graph
-    g  = global_pool(ReLU(Linear(Z)), batch)     "add" (default), "mean" or "max"
-    y  = MLP(g)                           classifier
+    g  = global_pool(MLP(Z), batch)       "add" (default), "mean" or "max"
+    y  = Linear(MLP(g))                   classifier
 
 Dropout follows every layer. The implicit layer's input ``X~`` is what the spectral check
 (:mod:`dignn.spectral`) measures Delta on; :meth:`DIGNNNodeClassifier.diffusion_input` returns
@@ -34,16 +34,23 @@ __all__ = ["INPUT_UNITS", "DIGNN_LAPLACIANS", "DIGNNNodeClassifier", "DIGNNGraph
            "adjacency_matrix"]
 
 INPUT_UNITS = ("mlp", "adj", "linkx")
+ADJ_NORMS = ("none", "rw", "sym")
 DIGNN_LAPLACIANS = ("neural", "rw")
 
 
-def adjacency_matrix(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """The binary adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
+def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none") -> Tensor:
+    """The adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
     messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper).
-    Duplicate edges count once."""
+    Duplicate edges count once. ``norm``: ``"none"`` (binary A, the paper's), ``"rw"``
+    (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2)."""
+    _check_choice("norm", norm, ADJ_NORMS)
     key = torch.unique(edge_index[1].long() * num_nodes + edge_index[0].long())
     rows, cols = key // num_nodes, key % num_nodes
     values = torch.ones(key.numel(), dtype=torch.float32, device=edge_index.device)
+    if norm != "none":
+        deg = torch.zeros(num_nodes, device=values.device).index_add_(0, rows, values)
+        inv = deg.clamp_min(1.0).reciprocal()
+        values = inv[rows] if norm == "rw" else (inv.sqrt()[rows] * inv.sqrt()[cols])
     return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (num_nodes, num_nodes),
                                    is_coalesced=True, check_invariants=False)
 
@@ -54,6 +61,17 @@ def _linear_any(layer: nn.Linear, x: Tensor) -> Tensor:
         return layer(x)
     out = torch.sparse.mm(x, layer.weight.t())
     return out + layer.bias if layer.bias is not None else out
+
+
+def _dropout_any(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout of a dense or sparse COO tensor (a sparse one drops its stored values)."""
+    if not training or p == 0.0:
+        return x
+    if x.layout == torch.strided:
+        return F.dropout(x, p, True)
+    x = x.coalesce()
+    return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p, True), x.shape,
+                                   is_coalesced=True, check_invariants=False)
 
 
 def _version(t: Tensor) -> int:
@@ -90,8 +108,7 @@ class LINKXInput(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor, adj: Tensor) -> Tensor:
-        if x.layout == torch.strided:
-            x = F.dropout(x, self.dropout, self.training)
+        x = _dropout_any(x, self.dropout, self.training)
         h_a = _linear_any(self.lin_a, adj)
         h_x = _linear_any(self.lin_x, x)
         h = F.relu(self.lin_cat(torch.cat([h_a, h_x], dim=1)) + h_a + h_x)
@@ -110,6 +127,8 @@ class DIGNNNodeClassifier(nn.Module):
             Chameleon/Squirrel) or ``"linkx"`` (MLP(concat(MLP(A), MLP(X))), for facebook100).
         num_nodes: the graph's size; required by ``"linkx"`` (its A-branch has one weight
             row per node).
+        adj_norm: the A of the ``"adj"`` and ``"linkx"`` units: ``"none"`` (binary, as in
+            the paper), ``"rw"`` (D^-1 A) or ``"sym"`` (D^-1/2 A D^-1/2).
         laplacian: ``"neural"`` (graph neural Laplacian, eq. 12-14) or ``"rw"``.
         mu, max_iter, tol: the implicit layer's mu, iteration cap and relative tolerance
             (the paper's "threshold").
@@ -126,13 +145,16 @@ class DIGNNNodeClassifier(nn.Module):
                  input_unit: str = "mlp", num_nodes: Optional[int] = None,
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.5,
-                 metric_channels: Optional[int] = None, backend: str = "auto"):
+                 metric_channels: Optional[int] = None, backend: str = "auto",
+                 adj_norm: str = "none"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         _check_choice("input_unit", input_unit, INPUT_UNITS)
+        _check_choice("adj_norm", adj_norm, ADJ_NORMS)
+        self.adj_norm = adj_norm
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
         _check_dropout(dropout)
         if input_unit == "linkx" and (not isinstance(num_nodes, int) or num_nodes < 1):
@@ -162,7 +184,7 @@ class DIGNNNodeClassifier(nn.Module):
         versions = (_version(x), _version(edge_index))
         if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
                 refs[2] != versions:
-            adj = adjacency_matrix(edge_index, x.size(0)).to(x.device)
+            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm).to(x.device)
             if self.input_unit == "adj":
                 dense_x = x.to_dense() if x.layout != torch.strided else x
                 feats = torch.sparse.mm(adj, dense_x.float())
@@ -194,9 +216,7 @@ class DIGNNNodeClassifier(nn.Module):
             h = self.lin_in(h)
         else:
             h = self._graph_features(x, edge_index) if self.input_unit == "adj" else x
-            if h.layout == torch.strided:
-                h = F.dropout(h, self.dropout, self.training)
-            h = _linear_any(self.lin_in, h)
+            h = _linear_any(self.lin_in, _dropout_any(h, self.dropout, self.training))
         h = F.dropout(F.relu(h), self.dropout, self.training)
         return self.norm_in(h)
 
@@ -212,8 +232,10 @@ class DIGNNGraphClassifier(nn.Module):
     block-diagonal edge_index, ``batch`` vector).
 
     Args as for :class:`DIGNNNodeClassifier`, plus ``pooling`` (``"add"``, ``"mean"`` or
-    ``"max"``). ``forward(x, edge_index, batch, num_graphs=None)`` returns logits
-    [num_graphs, num_classes].
+    ``"max"``), ``node_layers`` (Linear + ReLU layers on Z before pooling) and
+    ``graph_layers`` (Linear + ReLU layers on the pooled vector before the linear classifier);
+    the authors' code uses 3 and 3. ``forward(x, edge_index, batch, num_graphs=None)`` returns
+    logits [num_graphs, num_classes].
     """
 
     POOLINGS = ("add", "mean", "max")
@@ -221,6 +243,7 @@ class DIGNNGraphClassifier(nn.Module):
     def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
+                 node_layers: int = 1, graph_layers: int = 1,
                  metric_channels: Optional[int] = None, backend: str = "auto"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
@@ -230,6 +253,9 @@ class DIGNNGraphClassifier(nn.Module):
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
         _check_choice("pooling", pooling, self.POOLINGS)
         _check_dropout(dropout)
+        for name, value in (("node_layers", node_layers), ("graph_layers", graph_layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         self.dropout = dropout
         self.pooling = pooling
         self.lin_in = nn.Linear(in_channels, hidden)
@@ -237,8 +263,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
                                                 metric_channels=metric_channels,
                                                 max_iter=max_iter, tol=tol, backend=backend)
-        self.lin_node = nn.Linear(hidden, hidden)
-        self.lin_graph = nn.Linear(hidden, hidden)
+        self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
+        self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)
 
     def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
@@ -253,9 +279,11 @@ class DIGNNGraphClassifier(nn.Module):
                              f"({x.size(0)}), got shape {list(batch.shape)}")
         h = self.diffusion_input(x, edge_index)
         z = self.diffusion(h, edge_index)
-        z = F.dropout(F.relu(self.lin_node(z)), self.dropout, self.training)
+        for lin in self.node_mlp:
+            z = F.dropout(F.relu(lin(z)), self.dropout, self.training)
         pool = {"add": global_add_pool, "mean": global_mean_pool,
                 "max": global_max_pool}[self.pooling]
         g = pool(z, batch, size=num_graphs)
-        g = F.dropout(F.relu(self.lin_graph(g)), self.dropout, self.training)
+        for lin in self.graph_mlp:
+            g = F.dropout(F.relu(lin(g)), self.dropout, self.training)
         return self.classifier(g)

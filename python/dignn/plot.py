@@ -19,7 +19,7 @@ import torch
 from .data import load_dataset
 from .presets import preset_config
 from .spectral import fixed_point_residuals
-from .train import train_node_split
+from .training import train_node_split
 
 __all__ = ["convergence_study", "mu_study", "plot_convergence", "plot_mu"]
 

@@ -41,6 +41,12 @@ class SplitResult:
     train_acc: float = float("nan")
     train_loss: float = float("nan")  # eval-mode losses at the selected epoch
     test_loss: float = float("nan")
+    # The highest test accuracy of any epoch: test-set selection, NOT a valid estimate; only
+    # to compare with papers that report it (the DIGNN authors' graph classification code
+    # averages the per-fold maximum over epochs).
+    test_acc_max: float = float("nan")
+    val_history: List[float] = field(default_factory=list, repr=False)  # per epoch
+    test_history: List[float] = field(default_factory=list, repr=False)
     model: Optional[torch.nn.Module] = field(default=None, repr=False)  # keep_model=True
 
 
@@ -81,6 +87,7 @@ class RunResult:
             "best_epoch": [s.best_epoch for s in self.splits],
             "seconds": [round(s.seconds, 2) for s in self.splits],
             "lambda_max": [[s.lambda_max_start, s.lambda_max_end] for s in self.splits],
+            "test_acc_max_over_epochs": [s.test_acc_max for s in self.splits],
             "config": self.config.as_dict(),
         }
 
@@ -93,11 +100,14 @@ def build_model(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig):
                   tol=config.tol, dropout=config.dropout, backend=config.backend)
     if dataset.task == "graph":
         model = DIGNNGraphClassifier(dataset.num_features, config.hidden,
-                                     dataset.num_classes, pooling=config.pooling, **common)
+                                     dataset.num_classes, pooling=config.pooling,
+                                     node_layers=config.node_layers,
+                                     graph_layers=config.graph_layers, **common)
     else:
         model = DIGNNNodeClassifier(dataset.num_features, config.hidden, dataset.num_classes,
                                     input_unit=config.input_unit,
-                                    num_nodes=dataset.num_nodes, **common)
+                                    adj_norm=config.adj_norm, num_nodes=dataset.num_nodes,
+                                    **common)
     if config.spectral_norm:
         if config.laplacian != "neural":
             raise ValueError("spectral_norm applies to the neural Laplacian's Θχ and Θφ; "
@@ -129,9 +139,16 @@ class _Selector:
         self.test_acc = self.train_acc = float("nan")
         self.train_loss = self.test_loss = float("nan")
         self.epoch = 0
+        self.test_acc_max = float("nan")
+        self.val_history: List[float] = []
+        self.test_history: List[float] = []
 
     def update(self, epoch, val_acc, val_loss, test_acc, train_acc, train_loss,
                test_loss) -> bool:
+        if not test_acc <= self.test_acc_max:  # also replaces the initial NaN
+            self.test_acc_max = test_acc
+        self.val_history.append(val_acc)
+        self.test_history.append(test_acc)
         if val_acc > self.best[0] or (val_acc == self.best[0] and val_loss < self.best[1]):
             self.best = (val_acc, val_loss)
             self.test_acc, self.train_acc, self.epoch = test_acc, train_acc, epoch
@@ -148,7 +165,8 @@ class _Selector:
     def result(self, split, epochs_run, seconds, lam_start, lam_end) -> "SplitResult":
         return SplitResult(split, self.test_acc, self.best[0], self.epoch, epochs_run,
                            seconds, lam_start, lam_end, self.train_acc, self.train_loss,
-                           self.test_loss)
+                           self.test_loss, self.test_acc_max, self.val_history,
+                           self.test_history)
 
 
 def _accuracy(logits: Tensor, y: Tensor) -> float:
