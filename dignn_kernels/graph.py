@@ -278,6 +278,8 @@ def _identity(t) -> Tuple[list, list, tuple]:
             objs += [t.crow_indices(), t.col_indices(), t.values()]
     elif t is None:
         return [], [], (None,)
+    elif not _is_sparse_tensor(t):  # not a graph at all: build_graph raises the TypeError
+        return [], [], (id(t),)
     else:  # SparseTensor: its storage's tensors
         objs = [x for x in (t.storage.row() if t.storage.has_row() else None,
                             t.storage.rowptr(), t.storage.col(), t.storage.value())
@@ -292,6 +294,8 @@ def _identity(t) -> Tuple[list, list, tuple]:
 def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None) -> CSRGraph:
     """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again."""
     objs, versions, key = _identity(edge)
+    if not objs:
+        return build_graph(edge, num_nodes, edge_weight)
     w_objs, w_versions, w_key = _identity(edge_weight)
     key = (key, w_key, num_nodes)
     entry = _CACHE.get(key)
