@@ -34,18 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-# True when the kernels below were defined under TRITON_INTERPRET=1 (they then run on CPU
-# tensors, in NumPy, slowly: for tests).
-INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 CHI_FLOOR = 1e-30  # laplacian_math.h kChiFloor: rows with chi <= CHI_FLOOR are guarded
+_CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
 
 # Where tanh switches from its odd Taylor polynomial to (1 - e) / (1 + e), e = exp(-2|x|):
 # the polynomial (to x^17) is within half an ulp below these arguments, and the exp form
 # loses at most a few ulp above them.
 _TANH_SMALL = {torch.float32: 0.625, torch.float64: 0.1}
 
-NUM_WARPS = 4
 MAX_BLOCK_D = 128  # widest channel tile of the step kernels
 MAX_BLOCK_H = 64  # widest tile of the metric channels (p, q) and of the gradient outputs
 MAX_BLOCK_G = 64  # channel piece of the G_ij = v . (z_j - z_i) reductions
@@ -53,6 +50,12 @@ MAX_BLOCK_G = 64  # channel piece of the G_ij = v . (z_j - z_i) reductions
 
 def _pow2(n: int, cap: int) -> int:
     return max(1, min(triton.next_power_of_2(max(int(n), 1)), cap))
+
+
+def _warps(rows: int, width: int) -> int:
+    """Warps for a rows x width tile: about 4 elements of each tile per thread (measured on
+    sm_90 builds: 64-128 registers for the fused kernels, 48 for the row pass)."""
+    return max(1, min(8, rows * width // 128))
 
 
 # ------------------------------------------------------------------ device math --
@@ -186,14 +189,22 @@ def _csr_fma_kernel(item_row, item_start, item_len, item_slot, num_items, col, w
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
-    for e in range(0, tl.max(length, axis=0)):
-        emask = e < length
+    # Two edges per step: both gathers are in flight before either is used (a warp issues
+    # in order, so this doubles the bytes it has requested while it waits).
+    for e in range(0, tl.max(length, axis=0), 2):
+        m0 = e < length
+        m1 = e + 1 < length
         k = start + e
-        j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
-        w_k = tl.load(w + k, mask=emask, other=0.0)
-        y_j = tl.load(y + j[:, None] * D + cols[None, :],
-                      mask=emask[:, None] & cmask[None, :], other=0.0)
-        acc += w_k[:, None] * y_j
+        j0 = tl.load(col + k, mask=m0, other=0).to(tl.int64)
+        j1 = tl.load(col + k + 1, mask=m1, other=0).to(tl.int64)
+        w0 = tl.load(w + k, mask=m0, other=0.0)
+        w1 = tl.load(w + k + 1, mask=m1, other=0.0)
+        y0 = tl.load(y + j0[:, None] * D + cols[None, :], mask=m0[:, None] & cmask[None, :],
+                     other=0.0)
+        y1 = tl.load(y + j1[:, None] * D + cols[None, :], mask=m1[:, None] & cmask[None, :],
+                     other=0.0)
+        acc += w0[:, None] * y0
+        acc += w1[:, None] * y1
     whole = valid & (slot < 0)
     diff_sq, out_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, out, done, D,
                                      HAS_RS)
@@ -238,7 +249,7 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
     """Fused step of a whole row: ca = 1/(mu chi), cy = -kappa ca with the chi <= kChiFloor
     guard (laplacian_math.h row_coefficients), z_next_i = x_i + cy z_i + ca (W Z)_i."""
     chi_i = tl.load(chi + row.to(tl.int64), mask=rmask, other=0.0)
-    guarded = chi_i > CHI_FLOOR
+    guarded = chi_i > _CHI_FLOOR
     ca = tl.where(guarded, inv_mu / tl.where(guarded, chi_i, 1.0), 0.0)
     cy = -kappa * ca
     r64 = row.to(tl.int64)
@@ -540,7 +551,8 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
     partial sums of the step and returns it."""
     n, d = y.shape
     block_d = _pow2(d, MAX_BLOCK_D)
-    rows = max(4, min(32, 2048 // block_d))
+    rows = max(4, min(64, 2048 // block_d))
+    warps = _warps(rows, block_d)
     tiles_d = triton.cdiv(d, block_d)
     grid = (triton.cdiv(sched.num_items, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
@@ -552,12 +564,12 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
     rs_arg = rs if has_rs else cy
     _csr_fma_kernel[grid](sched.item_row, sched.item_start, sched.item_len, sched.item_slot,
                           sched.num_items, col, w, y, b, cy, rs_arg, out, scratch, part, done,
-                          d, HAS_RS=has_rs, ROWS=rows, BLOCK_D=block_d, num_warps=NUM_WARPS)
+                          d, HAS_RS=has_rs, ROWS=rows, BLOCK_D=block_d, num_warps=warps)
     if sched.num_split:
         _csr_fma_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
                                         sched.num_split, y, b, cy, rs_arg, out, scratch, part,
                                         grid[0] * tiles_d, done, d, HAS_RS=has_rs, ROWS=rows,
-                                        BLOCK_D=block_d, num_warps=NUM_WARPS)
+                                        BLOCK_D=block_d, num_warps=warps)
     return part
 
 
@@ -570,6 +582,7 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
     block_d = _pow2(d, MAX_BLOCK_D)
     block_h = _pow2(h, MAX_BLOCK_H)
     rows = 16
+    warps = _warps(rows, max(block_d, block_h))
     tiles_d = triton.cdiv(d, block_d) if has_step else 1
     grid = (triton.cdiv(sched.num_items, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
@@ -586,13 +599,13 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
                               HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d, BLOCK_H=block_h,
                               NUM_H_BLOCKS=triton.cdiv(h, block_h),
                               TANH_SMALL=_TANH_SMALL[p.dtype],
-                              F64=p.dtype == torch.float64, num_warps=NUM_WARPS)
+                              F64=p.dtype == torch.float64, num_warps=warps)
     if sched.num_split:
         _neural_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
                                        sched.num_split, consts, chi, x, z, kappa_out, out,
                                        scratch, scratch_kappa, part, grid[0] * tiles_d, done, d,
                                        HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d,
-                                       num_warps=NUM_WARPS)
+                                       num_warps=_warps(rows, block_d))
     return part if has_step else None
 
 
@@ -605,6 +618,7 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
     block_h = _pow2(h, MAX_BLOCK_H)
     block_g = _pow2(d, MAX_BLOCK_G)
     rows = 16
+    warps = _warps(rows, max(block_h, block_g))
     tiles_h = triton.cdiv(h, block_h)
     grid = (triton.cdiv(sched.num_items, rows), tiles_h)
     scratch_p = p.new_empty(max(sched.num_slots, 1), h)
@@ -619,16 +633,22 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
                               NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
                               NUM_G_BLOCKS=triton.cdiv(d, block_g),
                               TANH_SMALL=_TANH_SMALL[p.dtype],
-                              F64=p.dtype == torch.float64, num_warps=NUM_WARPS)
+                              F64=p.dtype == torch.float64, num_warps=warps)
     if sched.num_split:
         grid_c = (triton.cdiv(sched.num_split, rows), tiles_h)
         _weight_grad_combine_kernel[grid_c](sched.split_row, sched.split_first,
                                             sched.split_count, sched.num_split, grad_p, grad_q,
                                             scratch_p, scratch_q, h, ACCUMULATE=accumulate,
-                                            ROWS=rows, BLOCK_H=block_h, num_warps=NUM_WARPS)
+                                            ROWS=rows, BLOCK_H=block_h,
+                                            num_warps=_warps(rows, block_h))
 
 
 def finish_step(part, stats, done, tol_sq):
     """Folds a step's residual partials into the solve's stats and done flag (on device)."""
     _finish_step_kernel[(1,)](part, part.numel() // 2, stats, done, tol_sq, BLOCK=1024,
-                              num_warps=NUM_WARPS)
+                              num_warps=4)
+
+
+# True when the kernels above were defined under TRITON_INTERPRET=1: they then run on CPU
+# tensors, in NumPy, slowly (for tests). (What triton.jit returned says it in every version.)
+INTERPRETED = not isinstance(_csr_fma_kernel, triton.runtime.jit.JITFunction)
