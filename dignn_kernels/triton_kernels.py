@@ -24,6 +24,7 @@ says whether the backend can run on a device.
 """
 import importlib.util
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -69,7 +70,6 @@ def _jit():
 def interpreted() -> bool:
     """Whether the kernels run in the Triton interpreter (TRITON_INTERPRET=1 when they were
     defined; before that, whether it is set now)."""
-    import sys
     mod = sys.modules.get(__package__ + "._triton_jit")
     if mod is not None:
         return mod.INTERPRETED

@@ -8,6 +8,10 @@ program, so the graphs here are small; EDGE_CHUNK is lowered in some cases so th
 graphs have rows split into several work items (the heavy-row path), and the shapes include
 odd widths and widths over one tile (the masking and tiling paths).
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -454,16 +458,30 @@ def test_bad_input_is_named(device):
         tk.neural_weight_grad(rp, cl, a, p, q, x, x, 1e-6, rp)
 
 
-def test_availability_is_reported():
+def test_availability_is_reported(monkeypatch):
     assert tk.available("cpu") == tk.interpreted()
     assert not tk.available("meta")
     assert tk.available("cuda") == (HAS_CUDA and tk._triton_installed())
+    assert dk.backends.kernels_for("triton") is tk
     backends = dk.available_backends(torch.device("cpu"))
-    assert backends[0] == "cpu" and ("triton" in backends) == tk.interpreted()
-    if not tk.interpreted():
-        layer = dk.FusedImplicitDiffusion(3, backend="triton")
-        with pytest.raises(RuntimeError, match="backend='triton' cannot run on cpu"):
-            layer(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))
+    assert backends[:2] == ("cpu", "torch") and ("triton" in backends) == tk.interpreted()
+    monkeypatch.setattr(tk, "available", lambda device=None: False)
+    assert "triton" not in dk.available_backends(torch.device("cpu"))
+    layer = dk.FusedImplicitDiffusion(3, backend="triton")
+    with pytest.raises(RuntimeError, match="backend='triton' cannot run on cpu.*TRITON_INTERPRET"):
+        layer(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))
+
+
+def test_graph_without_nodes(device):
+    rowptr = torch.zeros(1, dtype=torch.int64, device=device)
+    col = torch.zeros(0, dtype=torch.int32, device=device)
+    x = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
+    p = torch.zeros(0, 2, dtype=torch.float64, device=device, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    z, stats = tk.implicit_diffusion(rowptr, col, empty, x, empty, p, p, mu=2.0)
+    assert z.shape == (0, 3) and float(stats[0]) == 1
+    gx, gp = torch.autograd.grad(z.sum(), [x, p], allow_unused=True)
+    assert gx.shape == (0, 3) and gp.shape == (0, 2)
 
 
 # ------------------------------------------------------------------------- GPU only --
@@ -525,3 +543,91 @@ def test_cuda_graph_capture_and_replay():
                                                  max_iter=30, tol=1e-5)
     assert torch.equal(z_static, z_eager) and torch.equal(stats_static, stats_eager)
     assert 2 < float(stats_eager[0]) < 30
+
+
+# ------------------------------------------------------------- compiled for the GPU --
+
+COMPILE_SCRIPT = r"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import dignn_kernels as dk
+from dignn_kernels import _triton_jit as jit, triton_kernels as tk
+
+assert not jit.INTERPRETED
+tk._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
+TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64"}
+variants = {}
+
+
+class Recorder:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def record(*args, **kwargs):
+            sig, consts, attrs = {}, {}, {}
+            for i, name in enumerate(self.fn.arg_names):
+                value = args[i] if i < len(args) else kwargs[name]
+                if self.fn.params[i].is_constexpr:
+                    sig[name], consts[name] = "constexpr", value
+                elif isinstance(value, torch.Tensor):  # fresh allocations: 16-byte aligned
+                    sig[name], attrs[(i,)] = "*" + TYPES[value.dtype], [["tt.divisibility", 16]]
+                else:
+                    sig[name] = "i32"
+            key = (self.fn.__name__, repr(sorted(sig.items())), repr(sorted(consts.items())))
+            variants[key] = (self.fn, sig, consts, attrs, kwargs.get("num_warps", 4))
+        return record
+
+
+for name in dir(jit):
+    if name.endswith("_kernel"):
+        setattr(jit, name, Recorder(getattr(jit, name)))
+
+for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric blocks
+    for kind in ("symmetric", "directed"):
+        gen = torch.Generator().manual_seed(0)
+        ei = torch.randint(0, 300, (2, 3000), generator=gen)  # rows of more than 64 edges
+        ei = torch.cat([ei, ei.flip(0)], 1) if kind == "symmetric" else ei
+        g = dk.build_graph(ei, 300)
+        x = torch.randn(300, d, requires_grad=True)
+        p, q = (torch.randn(300, h, requires_grad=True) for _ in range(2))
+        a, deg = g.values(torch.float32)
+        chi = deg.clone().requires_grad_()
+        t = g.transposed() or (None, None, None)
+        solver = dict(mu=2.0, max_iter=3, tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+        z, _ = tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **solver)
+        z.sum().backward()
+        w, kappa, _ = g.fixed_laplacian("rw", torch.float32)
+        z, _ = tk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
+        z.sum().backward()
+        tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
+        w, kappa = tk.neural_edge_weights(g.rowptr, g.col, a, p, q)
+        (w.sum() + kappa.sum()).backward()
+
+target = GPUTarget("cuda", 90, 32)
+for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):
+    try:
+        triton.compile(ASTSource(fn, sig, consts, attrs), target=target,
+                       options={"num_warps": warps})
+    except Exception as err:
+        raise SystemExit(f"{name} {consts} does not compile for sm_90: {err}")
+print("compiled", len(variants), "kernel variants")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="with a GPU the cuda tests compile and run the kernels")
+def test_kernels_compile_for_the_gpu(tmp_path):
+    """Without a GPU the kernels otherwise only ever run in the interpreter, which accepts
+    code the compiler rejects (a Python global read inside a kernel, a float64 operand a
+    float32-only instruction gets): compile every variant that a forward and backward
+    launch (neural and fixed weights, symmetric and directed graphs, one tile and several)
+    to sm_90 machine code, with Triton's compiler and ptxas, no GPU needed."""
+    pytest.importorskip("triton.backends.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert int(proc.stdout.split("compiled ")[1].split()[0]) >= 20
