@@ -10,12 +10,14 @@ decomposition in :mod:`dignn_kernels._triton_jit`):
 - :func:`implicit_diffusion` (differentiable in x, chi, p, q; returns ``(z, stats)``) and its
   backward :func:`implicit_diffusion_backward`.
 
-The solve loops launch ``max_iter - 1`` steps without ever waiting for the device: residual
-norms are reduced on the device, a device flag records convergence and the steps after it only
-copy, and the stats ``[iterations, residual, relative residual]`` stay on the device. Nothing
-syncs with the host, so a solve can be captured in a CUDA graph (build the graph's schedule
-once before capturing, as any warm-up does) and runs under ``torch.compile``, which sees
-each op through its fake kernel.
+The solve loops launch their steps without waiting for the device: residual norms are reduced
+on the device, a device flag records convergence and the steps after it only copy, and the
+stats ``[iterations, residual, relative residual]`` stay on the device. The host reads the
+flag only once every CHECK_EVERY (16) iterations, to stop launching a long solve that has
+converged, and never while a CUDA graph is captured: a solve of up to 17 iterations (the
+layer's default is 10) never syncs, and a solve can be captured in a CUDA graph (build the
+graph's schedule once before capturing, as any warm-up does). Under ``torch.compile`` each op
+is seen through its fake kernel.
 
 Triton runs on CUDA tensors; on CPU tensors only under the Triton interpreter
 (``TRITON_INTERPRET=1`` in the environment before this module first launches a kernel), which
@@ -39,6 +41,7 @@ __all__ = [
     "available", "interpreted", "neural_edge_weights", "neural_edge_weights_backward",
     "neural_diffusion_step", "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
     "implicit_diffusion", "implicit_diffusion_backward", "backward_stats", "EDGE_CHUNK",
+    "CHECK_EVERY",
 ]
 
 name = "triton"
@@ -46,6 +49,12 @@ name = "triton"
 # Edges per work item: rows with more edges are split into items of EDGE_CHUNK edges whose
 # partial sums are added in a fixed order (see _triton_jit). Read when a schedule is built.
 EDGE_CHUNK = 64
+
+# The solve loops never wait for the device within CHECK_EVERY iterations: the convergence
+# test runs on the device, and the steps after it only copy. Every CHECK_EVERY iterations
+# (not at all while a CUDA graph is captured; 0: never) the host reads the convergence flag
+# once, so that a solve with a large max_iter that converges early stops launching steps.
+CHECK_EVERY = 16
 
 _TRUTHY = ("1", "true", "on", "yes", "y")
 
@@ -551,8 +560,10 @@ def _start_solve(x: Tensor, tol: float):
 
 
 class _Solve:
-    """max_iter - 1 row passes from y = start, ping-ponging two buffers; the device flag
-    freezes the iterate once converged."""
+    """Row passes from y = start, ping-ponging two buffers; the device flag freezes the
+    iterate once converged. :meth:`running` reads that flag on the host only every
+    CHECK_EVERY steps (never while a CUDA graph is captured), so a long solve that converges
+    early stops launching without a sync per iteration."""
 
     def __init__(self, start: Tensor, tol: float):
         self.y = start
@@ -560,12 +571,21 @@ class _Solve:
         self.stats, self.done = _start_solve(start, tol)
         self.tol_sq = _consts((tol * tol,), torch.float64, start.device)
         self.part = None
+        self.steps = 0
+        self.check_every = 0 if _capturing(start) else int(CHECK_EVERY)
 
     def step(self, launch) -> None:
         jit = _jit()
         self.part = launch(self.y, self.buf, self.done, self.part)
         jit.finish_step(self.part, self.stats, self.done, self.tol_sq)
         self.y, self.buf = self.buf, self.y
+        self.steps += 1
+
+    def running(self) -> bool:
+        """False once the host has seen the flag set (read every check_every steps)."""
+        if self.check_every <= 0 or self.steps == 0 or self.steps % self.check_every:
+            return True
+        return not bool(self.done)
 
 
 def _implicit_diffusion_impl(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter,
@@ -617,6 +637,8 @@ def _implicit_diffusion_impl(rowptr, col, edge_value, x, chi, p, q, kappa, mu, e
                      _row_sums(rowptr, colc, w))
     cy, ca = _row_coefficients(chic, kappa_out, mu)
     for _ in range(iters, max_iter):
+        if not solve.running():
+            break
         solve.step(lambda y, out, done, part: jit.csr_fma(sched, colc, w, y, xc, cy, ca, out,
                                                           done, part))
     return solve.y, w, kappa_out, solve.stats
@@ -673,6 +695,8 @@ def _implicit_backward_impl(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, 
     t_w = t_w * ca[t_cl.long()]
     t_sched = schedule_for(t_rp, t_cl.numel())
     for _ in range(1, max_iter):
+        if not solve.running():
+            break
         solve.step(lambda y, out, done, part: jit.csr_fma(t_sched, t_cl, t_w, y, g, cy, None,
                                                           out, done, part))
     u = solve.y

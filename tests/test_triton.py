@@ -282,21 +282,38 @@ def test_implicit_diffusion_matches_cpu_op(device, kind, neural, chunk):
         assert rel_err(a_.cpu(), b_) < 1e-12
 
 
-def test_solve_stops_on_the_device(device):
+def test_solve_stops_on_the_device(device, monkeypatch):
     """The convergence flag: with a loose tol the solve stops where the CPU loop stops (the
     later steps only copy), max_iter = 1 returns x (and still the weights), tol = 0 runs
-    every iteration; all without reading anything back during the solve."""
+    every iteration."""
     g, x, p, q, a, chi = graph_inputs("symmetric", n=24, d=6, h=4)
     args_cpu = (g.rowptr, g.col, a, x, chi, p, q)
     args_dev = to(device, *args_cpu)
+    iterations = []
     for max_iter, tol in ((40, 1e-3), (40, 1e-7), (1, 1e-6), (6, 0.0)):
         z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=max_iter, tol=tol)
         z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=max_iter, tol=tol)
         assert s1.cpu()[0] == s0[0], (max_iter, tol)
         assert rel_err(z1.cpu(), z0) < 1e-13 and torch.allclose(s1.cpu(), s0, rtol=1e-9)
-    assert 2 < s0[0] < 40 or max_iter == 6
+        iterations.append(int(s1[0]))
+    assert 2 < iterations[0] < iterations[1] < 17 and iterations[2:] == [1, 6]
     z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=1)
     assert torch.equal(z1.cpu(), x) and float(s1[0]) == 1
+    # a long solve stops launching within CHECK_EVERY steps of converging (the host reads
+    # the device's flag once per CHECK_EVERY steps), and never reads it with CHECK_EVERY = 0
+    steps = []
+    jit = tk._jit()
+    finish = jit.finish_step
+    monkeypatch.setattr(jit, "finish_step", lambda *a: (steps.append(1), finish(*a)))
+    z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=60, tol=1e-7)
+    z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=60, tol=1e-7)
+    assert s1.cpu()[0] == s0[0] < 60 - tk.CHECK_EVERY
+    assert rel_err(z1.cpu(), z0) < 1e-13
+    assert s0[0] - 1 <= len(steps) < s0[0] - 1 + tk.CHECK_EVERY
+    steps.clear()
+    monkeypatch.setattr(tk, "CHECK_EVERY", 0)
+    z2, s2 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=30, tol=1e-7)
+    assert len(steps) == 29 and torch.equal(s2, s1) and torch.equal(z2, z1)
     # no edges: Z_2 = X exactly, so even tol = 0 stops at iteration 2
     empty = torch.zeros(2, 0, dtype=torch.long)
     ge = dk.build_graph(empty, x.size(0))
@@ -489,8 +506,9 @@ def test_graph_without_nodes(device):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_cuda_solve_never_syncs_with_the_host():
-    """Once the graph's schedule exists, a forward + backward of the op makes no host sync
-    (CUDA sync debug mode turns any into an error)."""
+    """Once the graph's schedule exists, a forward + backward of the op (10 iterations each,
+    fewer than CHECK_EVERY) makes no host sync (CUDA sync debug mode turns any into an
+    error)."""
     g, x, p, q, a, chi = to("cuda", *graph_inputs("directed", n=200, d=16, h=8,
                                                   dtype=torch.float32))
     t = to("cuda", *g.transposed())
