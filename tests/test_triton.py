@@ -333,7 +333,7 @@ def test_solve_stops_on_the_device(device, monkeypatch):
 
 
 def test_opcheck_every_op(device):
-    g, x, p, q, a, chi = graph_inputs("directed", n=12, d=3, h=2)
+    g, x, p, q, a, chi = graph_inputs("directed", n=10, d=3, h=2)
     t = dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
     w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
     z, v = torch.randn_like(x), torch.randn_like(x)
@@ -350,10 +350,10 @@ def test_opcheck_every_op(device):
         "csr_fma": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
         "neural_weight_grad": [(rp, cl, a, p, q, z, v, 1e-6, *t), (rp, cl, a, p, q, z, v, 1e-6)],
         "implicit_diffusion": [
-            (rp, cl, a, *req(x, chi, p, q), None, 3.0, 1e-6, 5, 1e-8, *t),
-            (rp, cl, w, *req(x), chi, None, None, kappa, 3.0, 1e-6, 5, 1e-8)],
+            (rp, cl, a, *req(x, chi, p, q), None, 3.0, 1e-6, 3, 1e-8, *t),
+            (rp, cl, w, *req(x), chi, None, None, kappa, 3.0, 1e-6, 3, 1e-8)],
         "implicit_diffusion_backward": [(rp, cl, a, w, kappa, *t, x, chi, p, q, z,
-                                         torch.randn_like(x), 3.0, 1e-6, 5, 1e-8)],
+                                         torch.randn_like(x), 3.0, 1e-6, 3, 1e-8)],
     }
     assert set(cases) == {n for n in tk.__all__ if hasattr(torch.ops.dignn_triton, n)}
     for op_name, samples in cases.items():
