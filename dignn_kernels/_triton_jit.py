@@ -250,8 +250,8 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
     """Fused step of a whole row: ca = 1/(mu chi), cy = -kappa ca with the chi <= kChiFloor
     guard (laplacian_math.h row_coefficients), z_next_i = x_i + cy z_i + ca (W Z)_i."""
     chi_i = tl.load(chi + row.to(tl.int64), mask=rmask, other=0.0)
-    guarded = chi_i > _CHI_FLOOR
-    ca = tl.where(guarded, inv_mu / tl.where(guarded, chi_i, 1.0), 0.0)
+    diffuses = chi_i > _CHI_FLOOR
+    ca = tl.where(diffuses, inv_mu / tl.where(diffuses, chi_i, 1.0), 0.0)
     cy = -kappa * ca
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]

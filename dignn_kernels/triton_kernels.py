@@ -309,8 +309,8 @@ def _flag(device: torch.device, value: int = 0) -> Tensor:
 def _row_coefficients(chi: Tensor, kappa: Tensor, mu: float) -> Tuple[Tensor, Tensor]:
     """(cy, ca) of laplacian_math.h row_coefficients: ca = 1/(mu chi), cy = -kappa ca, both 0
     on guarded rows (chi <= kChiFloor)."""
-    guarded = chi > _jit().CHI_FLOOR
-    ca = torch.where(guarded, (1.0 / mu) / torch.where(guarded, chi, torch.ones_like(chi)),
+    diffuses = chi > _jit().CHI_FLOOR
+    ca = torch.where(diffuses, (1.0 / mu) / torch.where(diffuses, chi, torch.ones_like(chi)),
                      torch.zeros_like(chi))
     return -kappa * ca, ca
 
