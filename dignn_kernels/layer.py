@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import ops
+from . import ops, triton_kernels
 from .backends import kernels_for
 from .composed import composed_edge_weights, composed_implicit_diffusion
 from .graph import LAPLACIANS, CSRGraph, cached_graph
@@ -22,14 +22,13 @@ def _has_cuda_kernels() -> bool:
 
 def available_backends(device: torch.device) -> Tuple[str, ...]:
     """The backends that can run on ``device``, fastest first."""
-    if device.type == "cpu":
-        return ("cpu", "torch")
+    if device.type == "cpu":  # Triton runs on the CPU only in its (slow) interpreter
+        return ("cpu", "torch") + (("triton",) if triton_kernels.available(device) else ())
     if device.type == "cuda":
         found = []
         if _has_cuda_kernels():
             found.append("cuda")
-        from . import triton_kernels
-        if triton_kernels.available():
+        if triton_kernels.available(device):
             found.append("triton")
         return tuple(found) + ("torch",)
     return ("torch",)
@@ -156,6 +155,9 @@ class FusedImplicitDiffusion(nn.Module):
                 f"{available}. " + ("The CUDA kernels were not built; reinstall with a CUDA "
                                     "toolkit (DIGNN_WITH_CUDA=1) or use backend='triton' or "
                                     "'torch'." if self.backend == "cuda" else
+                                    "Triton needs a CUDA GPU (on the CPU only its interpreter, "
+                                    "TRITON_INTERPRET=1) and the triton package; use "
+                                    "backend='auto'." if self.backend == "triton" else
                                     "Use backend='auto'."))
         return self.backend
 
