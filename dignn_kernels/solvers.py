@@ -290,10 +290,14 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm)
     diverged = done.clone()
     inv_diag = inv_diagonal.unsqueeze(1)
-    scale = residual_scale.unsqueeze(1) if residual_scale is not None else None
+    # Both reductions of an iteration in one pass over r^2: with M = diag(1/inv_diagonal),
+    # column c of [inv_diagonal, scale^2]^T r^2 holds r_c . M^-1 r_c and ||scale * r_c||^2.
+    weights = torch.stack([inv_diagonal, residual_scale.square() if residual_scale is not None
+                           else torch.ones_like(inv_diagonal)]).to(rhs.dtype)
 
-    def measured(r):
-        return _norm(r * scale if scale is not None else r)
+    def reduce(r):
+        both = torch.mm(weights, torch.mul(r, r, out=scratch))
+        return both[0], both[1].double().sum().clamp_min(0.0).sqrt()
 
     if decoupled is None:
         z = torch.zeros_like(rhs)
@@ -302,26 +306,23 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
         known = decoupled.unsqueeze(1)
         z = torch.where(known, rhs * inv_diag, 0.0)
         r = torch.where(known, 0.0, rhs)
-    y = r * inv_diag
-    p = y.clone()
-    rz = torch.linalg.vecdot(r, y, dim=0)
-    residual = measured(r)
+    p = r * inv_diag
+    scratch = torch.empty_like(rhs)  # the loop's one n x d temporary, reused
+    rz, residual = reduce(r)
     history[0] = residual / ref_safe
     done = done | (residual <= tol * ref)
     if not (check_every and bool(done)):
         for k in range(1, max_iter + 1):
             ap = apply(p)
-            pap = torch.linalg.vecdot(p, ap, dim=0)
+            pap = torch.mul(p, ap, out=scratch).sum(dim=0)
             live = ~done
             alpha = torch.where(live & (pap > 0), rz / pap, 0.0)
             z.addcmul_(p, alpha)
             r.addcmul_(ap, alpha, value=-1.0)
-            torch.mul(r, inv_diag, out=y)
-            rz_new = torch.linalg.vecdot(r, y, dim=0)
+            rz_new, res = reduce(r)
             beta = torch.where(live & (rz > 0), rz_new / rz, 0.0)
-            p.mul_(beta).add_(y)
+            p.mul_(beta).addcmul_(r, inv_diag)  # p = M^-1 r + beta p
             rz = rz_new
-            res = measured(r)
             history[k] = res / ref_safe
             sweeps += live
             bad = ~torch.isfinite(res)
@@ -377,8 +378,9 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     check_every = _check(check_every)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    if rhs.dim() != 2:
+        raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
     ref, ref_safe, history, done, sweeps = _start(rhs, max_iter)
-    n, d = rhs.shape
     m = min(window, max(max_iter - 1, 1))
     dtype = rhs.dtype
     y = rhs
@@ -391,33 +393,45 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     done = diverged | (residual <= tol * ref)
     if callback is not None:
         callback(1)
-    d_f = rhs.new_zeros(d, m, n)  # channel-major: one (m x n) block per channel
-    d_g = rhs.new_zeros(d, m, n)
-    gram = rhs.new_zeros(d, m, m)
+    # The window, slot-major (each slot one contiguous n x d block): loops over the slots with
+    # one scratch buffer beat any batched form of these per-channel products on the CPU.
+    d_f = rhs.new_zeros((m,) + rhs.shape)
+    d_g = rhs.new_zeros((m,) + rhs.shape)
+    scratch = torch.empty_like(rhs)
+    gram = torch.zeros(rhs.size(1), m, m, dtype=torch.float64, device=rhs.device)
     eye = torch.eye(m, dtype=torch.float64, device=rhs.device)
     reg = _anderson_regularization(dtype)
     tiny = torch.finfo(torch.float64).tiny
+
+    def dots(v, filled):
+        """<d_f[j], v> per channel for the filled slots: (filled, d), float64."""
+        return torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
+                            for j in range(filled)]).double()
+
     if check_every and bool(done):
         max_iter = 1
     for k in range(1, max_iter):
-        if k == 1:
+        filled = min(k - 1, m)
+        if filled == 0:
             y_new = gy
         else:
-            proj = torch.bmm(d_f, f.t().unsqueeze(2)).double()  # dF^T f, (d, m, 1)
-            g64 = gram.double()
-            lam = reg * g64.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-            gamma = _small_spd_solve(g64 + lam[:, None, None] * eye, proj.squeeze(2))
-            gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).to(dtype)
-            y_new = gy - torch.bmm(gamma.unsqueeze(1), d_g).squeeze(1).t()
+            proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
+            proj[:filled] = dots(f, filled)  # dF^T f
+            lam = reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
+            gamma = _small_spd_solve(gram + lam[:, None, None] * eye, proj.t())
+            gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
+            y_new = torch.addcmul(gy, d_g[0], gamma[0], value=-1.0)  # gy - dG gamma
+            for j in range(1, filled):
+                y_new.addcmul_(d_g[j], gamma[j], value=-1.0)
         gy_new = step(y_new)
         f_new = gy_new - y_new
         res = _norm(f_new)
         slot = (k - 1) % m
-        d_f[:, slot] = (f_new - f).t()
-        d_g[:, slot] = (gy_new - gy).t()
-        column = torch.bmm(d_f, d_f[:, slot].unsqueeze(2)).squeeze(2)
-        gram[:, :, slot] = column
-        gram[:, slot, :] = column
+        torch.sub(f_new, f, out=d_f[slot])
+        torch.sub(gy_new, gy, out=d_g[slot])
+        column = dots(d_f[slot], min(k, m)).t()  # (d, filled): the new Gram row/column
+        gram[:, : column.size(1), slot] = column
+        gram[:, slot, : column.size(1)] = column
         history[k] = res / ref_safe
         bad = ~torch.isfinite(res)
         live = ~done
