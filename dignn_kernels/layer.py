@@ -20,6 +20,16 @@ def _has_cuda_kernels() -> bool:
     return bool(_build_info.WITH_CUDA)
 
 
+def _triton_available() -> bool:
+    try:
+        from . import triton_kernels
+    except ModuleNotFoundError as err:  # a checkout without dignn_kernels/triton_kernels.py
+        if err.name == f"{__package__}.triton_kernels":
+            return False
+        raise
+    return bool(triton_kernels.available())
+
+
 def available_backends(device: torch.device) -> Tuple[str, ...]:
     """The backends that can run on ``device``, fastest first."""
     if device.type == "cpu":
@@ -28,8 +38,7 @@ def available_backends(device: torch.device) -> Tuple[str, ...]:
         found = []
         if _has_cuda_kernels():
             found.append("cuda")
-        from . import triton_kernels
-        if triton_kernels.available():
+        if _triton_available():
             found.append("triton")
         return tuple(found) + ("torch",)
     return ("torch",)
