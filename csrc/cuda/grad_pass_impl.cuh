@@ -15,6 +15,13 @@ namespace DIGNN_SIMT_NS {
 
 constexpr int kGradUnroll = 2;  // edges per batch (each keeps its p_j, q_j vectors)
 
+// One lane's edge of a chunk: its column and two per-edge values.
+template <typename T>
+struct GradEdgeSlot {
+  int32_t j;
+  T s0, s1;
+};
+
 template <typename T, int V, int G>
 DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
   constexpr int kGroups = kThreads / G;
@@ -56,20 +63,29 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
     }
     T cq_sum = T(0);
 
+    // Lane l holds edge kb + l: its column and, in block 0, (a, given dl/dW), in later blocks
+    // (cp, cq); loaded one chunk ahead.
+    const auto edge_values = [&](int64_t e) {
+      GradEdgeSlot<T> slot{0, T(0), T(0)};
+      if (e < it.k1) {
+        slot.j = A.col[e];
+        if (first) {
+          slot.s0 = simt::ldg(A.a + e);
+          slot.s1 = formed ? T(0) : simt::ldg(A.given + e);
+        } else {
+          slot.s0 = A.edge_scratch[2 * e];
+          slot.s1 = A.edge_scratch[2 * e + 1];
+        }
+      }
+      return slot;
+    };
+    GradEdgeSlot<T> cur = edge_values(it.k0 + lane);
     for (int64_t kb = it.k0; kb < it.k1; kb += G) {
       const int64_t e = kb + lane;
       const bool edge_valid = e < it.k1;
-      const int32_t j_lane = edge_valid ? A.col[e] : 0;
-      T s0_lane = T(0), s1_lane = T(0);  // block 0: (a, given dl/dW); later: (cp, cq)
-      if (edge_valid) {
-        if (first) {
-          s0_lane = simt::ldg(A.a + e);
-          s1_lane = formed ? T(0) : simt::ldg(A.given + e);
-        } else {
-          s0_lane = A.edge_scratch[2 * e];
-          s1_lane = A.edge_scratch[2 * e + 1];
-        }
-      }
+      const GradEdgeSlot<T> next = edge_values(e + G);
+      const int32_t j_lane = cur.j;
+      const T s0_lane = cur.s0, s1_lane = cur.s1;
       const int count = static_cast<int>(min_of<int64_t>(G, it.k1 - kb));
       T cp_mine = T(0), cq_mine = T(0);
       for (int eb = 0; eb < count; eb += U) {
@@ -189,6 +205,7 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         A.edge_scratch[2 * e] = cp_mine;
         A.edge_scratch[2 * e + 1] = cq_mine;
       }
+      cur = next;
     }
 
     if (!heavy) {

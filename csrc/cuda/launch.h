@@ -27,7 +27,9 @@
 namespace dignn {
 namespace DIGNN_SIMT_NS {
 
-constexpr int kThreads = 128;             // threads per block of the row kernels
+// Threads per block of the row kernels: small blocks, so that a block holding one long item
+// keeps few other lanes idle until it retires (Hopper runs up to 32 blocks per SM).
+constexpr int kThreads = 64;
 constexpr int kVecsPerLane = 2;           // channel vectors a lane keeps in registers
 // Edges per work item; longer rows are split. (The host emulator used by the tests builds
 // with a small value, so that its small graphs take the split-row paths too.)

@@ -446,7 +446,8 @@ inline Tensor diffusion_step_gpu(const Tensor& rowptr, const Tensor& col, const 
   check_scalars(mu, 1.0);
   DeviceScope scope(x);
   const auto stream = scope.stream();
-  auto [cy, ca] = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
+  Tensor cy, ca;
+  std::tie(cy, ca) = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
   return cached_pass(rowptr.contiguous(), index32(col, n), w.contiguous(), x.contiguous(), cy,
                      ca, z.contiguous(), stream);
 }
@@ -464,7 +465,8 @@ inline Tensor adjoint_step_gpu(const Tensor& t_rowptr, const Tensor& t_col, cons
   check_scalars(mu, 1.0);
   DeviceScope scope(g);
   const auto stream = scope.stream();
-  auto [cy, ca] = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
+  Tensor cy, ca;
+  std::tie(cy, ca) = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
   const Tensor t_cl = t_col.contiguous();
   // entry (j, i) of W^T carries W_ij ca_i (as adjoint_weights in ops_cpu.cpp)
   const Tensor scaled = t_w.contiguous() * ca.index_select(0, t_cl);
@@ -692,7 +694,8 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_bac
   const Tensor g = grad_z.contiguous();
   const Tensor chi = chi_in.contiguous();
   const Tensor rp = rowptr.contiguous();
-  auto [cy, ca] = coefficients(chi, kappa_in.contiguous(), inv_mu, stream);
+  Tensor cy, ca;  // (not a structured binding: the lambdas below capture them, C++17)
+  std::tie(cy, ca) = coefficients(chi, kappa_in.contiguous(), inv_mu, stream);
 
   // Adjoint u = g + cy.u + W^T (ca.u), u_0 = 0 so u_1 = g; rows of W^T are the transposed
   // CSR, or the CSR itself on a symmetric graph.

@@ -10,6 +10,13 @@ namespace DIGNN_SIMT_NS {
 
 constexpr int kRowUnroll = 4;  // neighbour rows gathered at a time by a group
 
+// One lane's edge of a chunk: its column and a per-edge value.
+template <typename T>
+struct EdgeSlot {
+  int32_t j;
+  T val;
+};
+
 // Copies row y_i to out_i (a converged solve carries its result forward).
 template <typename T, int V, int G>
 DIGNN_DEV void carry_row(const T* y_i, T* out_i, int64_t nvec, int lane) {
@@ -93,21 +100,29 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
         DIGNN_UNROLL
         for (int t = 0; t < kVecsPerLane; ++t) acc[t] = zero_pack<T, V>();
 
-        for (int64_t kb = it.k0; kb < it.k1; kb += G) {
-          // The group's next G edges: lane l holds edge kb + l.
-          const int64_t e = kb + lane;
-          const bool edge_valid = e < it.k1;
-          const int32_t j_lane = edge_valid ? A.col[e] : 0;
-          T val_lane = T(0);  // a (making weights) or w
-          if (edge_valid) {
+        // The group takes G edges at a time: lane l holds edge kb + l (its column, and a when
+        // making weights, else w), loaded one chunk ahead.
+        const auto edge_values = [&](int64_t e) {
+          EdgeSlot<T> slot{0, T(0)};
+          if (e < it.k1) {
+            slot.j = A.col[e];
             if (make_w) {
-              val_lane = simt::ldg(A.a + e);
+              slot.val = simt::ldg(A.a + e);
             } else if (kNeural) {
-              val_lane = A.w_out[e];  // written by this lane in block 0
+              slot.val = A.w_out[e];  // written by this lane in block 0
             } else {
-              val_lane = simt::ldg(A.w + e);
+              slot.val = simt::ldg(A.w + e);
             }
           }
+          return slot;
+        };
+        EdgeSlot<T> cur = edge_values(it.k0 + lane);
+        for (int64_t kb = it.k0; kb < it.k1; kb += G) {
+          const int64_t e = kb + lane;
+          const bool edge_valid = e < it.k1;
+          const EdgeSlot<T> next = edge_values(e + G);
+          const int32_t j_lane = cur.j;
+          const T val_lane = cur.val;
           const int count = static_cast<int>(min_of<int64_t>(G, it.k1 - kb));
           T w_mine = T(0);
           for (int eb = 0; eb < count; eb += kRowUnroll) {
@@ -155,6 +170,7 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
             }
           }
           if (make_w && edge_valid) A.w_out[e] = w_mine;
+          cur = next;
         }
 
         if (make_w) {
