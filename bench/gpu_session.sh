@@ -125,10 +125,12 @@ Path(out, f"gpu_{slug}_run.json").write_text(json.dumps(run, indent=2) + "\n")
 print(json.dumps(run, indent=2))
 EOF
 
-mkdir -p bench/results
-for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt"; do
-  [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
-done
+if [ "$slug" != "none" ]; then
+  mkdir -p bench/results
+  for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt"; do
+    [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
+  done
+fi
 rm -f "$OUT/tests.xml" "$OUT/versions.txt"  # folded into the run JSON (8 files come back)
 ls -la "$OUT"
 [ "$build_rc" -eq 0 ]

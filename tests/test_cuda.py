@@ -158,7 +158,7 @@ def test_argument_errors():
 # --------------------------------------------------------------------------- the layer --
 
 def cuda_layer(d, laplacian="neural", **kwargs):
-    return make_layer(d, laplacian, **kwargs).to(DEV)
+    return make_layer(d, laplacian, backend="cuda", **kwargs).to(DEV)
 
 
 @pytest.mark.parametrize("laplacian", LAPLACIANS)
@@ -315,7 +315,7 @@ def test_chi_zero_guard():
 def test_auto_backend_and_low_precision_inputs():
     x, ei, _ = make_graph("symmetric", n=40, d=8, dtype=torch.float32)
     x, ei = to_dev(x, ei)
-    layer = cuda_layer(8, dtype=torch.float32, max_iter=20)
+    layer = make_layer(8, dtype=torch.float32, max_iter=20).to(DEV)
     z32 = layer(x, ei)
     assert layer.backend == "auto" and layer.backend_used == "cuda"
     for dt in (torch.float16, torch.bfloat16):

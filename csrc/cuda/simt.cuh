@@ -119,7 +119,7 @@ struct Emulator {
   void* body_arg = nullptr;
   std::string error;
 
-  static constexpr size_t kStackBytes = 256 * 1024;
+  static constexpr size_t kStackBytes = 64 * 1024;
 
   void yield() { swapcontext(&fibers[current], &scheduler); }
 

@@ -56,16 +56,17 @@ DIGNN_KERNEL(kThreads) row_sums_kernel(const int64_t* rowptr, const T* values, i
   if (grp.lane == 0) out[i] = s;
 }
 
-// Fixed-order sum over a block of kReduceThreads values (a tree in shared memory); the result
-// is in thread 0. Every thread of the block must call it.
+// Fixed-order sum over a block of kBlock threads (a tree in shared memory); the result is in
+// thread 0. Every thread of the block must call it.
+template <int kBlock>
 DIGNN_DEV void block_sum2(double& a, double& b) {
-  DIGNN_SHARED double sa[kReduceThreads];
-  DIGNN_SHARED double sb[kReduceThreads];
+  DIGNN_SHARED double sa[kBlock];
+  DIGNN_SHARED double sb[kBlock];
   const int t = simt::thread_idx();
   sa[t] = a;
   sb[t] = b;
   simt::sync_block();
-  for (int s = kReduceThreads / 2; s > 0; s >>= 1) {
+  for (int s = kBlock / 2; s > 0; s >>= 1) {
     if (t < s) {
       sa[t] += sa[t + s];
       sb[t] += sb[t + s];
@@ -99,31 +100,52 @@ DIGNN_KERNEL(kReduceThreads) sum_squares_kernel(const T* x, int64_t count, doubl
     s += static_cast<double>(v * v);
   }
   double s2 = s;
-  block_sum2(s, s2);
+  block_sum2<kReduceThreads>(s, s2);
   if (simt::thread_idx() == 0) {
     block_norms[2 * simt::block_idx()] = s;
     block_norms[2 * simt::block_idx() + 1] = s;
   }
 }
 
-// One block: sums the block sums of a step in block order, then (unless the solve already
+constexpr int kFinalizeThreads = 1024;
+
+// Adds pairs[2k], pairs[2k + 1] for k = t, t + kFinalizeThreads, ... in that order, issuing
+// four independent loads per thread before using them.
+DIGNN_DEV void strided_pair_sum(const double* pairs, int64_t count, int t, double& a,
+                                double& b) {
+  constexpr int64_t kStep = kFinalizeThreads;
+  int64_t k = t;
+  for (; k + 3 * kStep < count; k += 4 * kStep) {
+    double v[8];
+    DIGNN_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      v[2 * r] = pairs[2 * (k + r * kStep)];
+      v[2 * r + 1] = pairs[2 * (k + r * kStep) + 1];
+    }
+    DIGNN_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      a += v[2 * r];
+      b += v[2 * r + 1];
+    }
+  }
+  for (; k < count; k += kStep) {
+    a += pairs[2 * k];
+    b += pairs[2 * k + 1];
+  }
+}
+
+// One block: sums the block sums of a step in a fixed order, then (unless the solve already
 // converged) writes stats = [iteration, ||diff||, ||diff|| / ||out||] and the flag, exactly as
 // the CPU solve does (converged when ||diff||^2 <= tol^2 ||out||^2).
-DIGNN_KERNEL(kReduceThreads) finalize_step_kernel(const double* norms_a, int64_t blocks_a,
-                                                  const double* norms_b, int64_t blocks_b,
-                                                  double* stats, int32_t* converged,
-                                                  int64_t iteration, double tol) {
+DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64_t blocks_a,
+                                                    const double* norms_b, int64_t blocks_b,
+                                                    double* stats, int32_t* converged,
+                                                    int64_t iteration, double tol) {
   const int t = simt::thread_idx();
   double diff = 0.0, out = 0.0;
-  for (int64_t k = t; k < blocks_a; k += kReduceThreads) {
-    diff += norms_a[2 * k];
-    out += norms_a[2 * k + 1];
-  }
-  for (int64_t k = t; k < blocks_b; k += kReduceThreads) {
-    diff += norms_b[2 * k];
-    out += norms_b[2 * k + 1];
-  }
-  block_sum2(diff, out);
+  strided_pair_sum(norms_a, blocks_a, t, diff, out);
+  strided_pair_sum(norms_b, blocks_b, t, diff, out);
+  block_sum2<kFinalizeThreads>(diff, out);
   if (t == 0 && *converged == 0) {
     const double res = ::sqrt(diff);
     stats[0] = static_cast<double>(iteration);
