@@ -135,8 +135,9 @@ DIGNN_DEV void strided_pair_sum(const double* pairs, int64_t count, int t, doubl
 }
 
 // One block: sums the block sums of a step in a fixed order, then (unless the solve already
-// converged) writes stats = [iteration, ||diff||, ||diff|| / ||out||] and the flag, exactly as
-// the CPU solve does (converged when ||diff||^2 <= tol^2 ||out||^2).
+// stopped) writes stats = [iteration, ||diff||, ||diff|| / ||out||] and the flag, exactly as
+// the CPU solve does: stop when ||diff||^2 <= tol^2 ||out||^2, or when a norm is no longer
+// finite (a diverged solve; the stats then hold inf or NaN, never a false convergence).
 DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64_t blocks_a,
                                                     const double* norms_b, int64_t blocks_b,
                                                     double* stats, int32_t* converged,
@@ -151,7 +152,8 @@ DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64
     stats[0] = static_cast<double>(iteration);
     stats[1] = res;
     stats[2] = out > 0.0 ? res / ::sqrt(out) : 0.0;
-    if (diff <= tol * tol * out) *converged = 1;
+    const bool finite = diff <= 1.7976931348623157e308 && out <= 1.7976931348623157e308;
+    if (!finite || diff <= tol * tol * out) *converged = 1;
   }
 }
 
