@@ -22,12 +22,18 @@ from setuptools import setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 
+def _say(message: str) -> None:
+    # pip runs this file once for metadata and once to build: speak only when building
+    if not any(cmd in sys.argv for cmd in ("egg_info", "dist_info")):
+        print(f"dignn-kernels: {message}")
+
+
 def _with_cuda() -> bool:
     mode = os.environ.get("DIGNN_WITH_CUDA", "auto").strip().lower()
     if mode not in ("auto", "0", "1"):
         sys.exit(f"DIGNN_WITH_CUDA must be auto, 0 or 1, got {mode!r}")
     if mode == "0":
-        print("dignn-kernels: DIGNN_WITH_CUDA=0, building the CPU kernels only.")
+        _say("DIGNN_WITH_CUDA=0, building the CPU kernels only.")
         return False
     reason = None
     if torch.version.cuda is None:
@@ -38,7 +44,7 @@ def _with_cuda() -> bool:
         return True
     if mode == "1":
         sys.exit(f"dignn-kernels: DIGNN_WITH_CUDA=1 but {reason}.")
-    print(f"dignn-kernels: {reason}; building the CPU kernels only (CUDA skipped).")
+    _say(f"{reason}; building the CPU kernels only (CUDA skipped).")
     return False
 
 

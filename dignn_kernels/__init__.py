@@ -3,6 +3,7 @@
 - :class:`FusedImplicitDiffusion`: the drop-in implicit diffusion layer.
 - :mod:`dignn_kernels.ops`: the torch ops (``torch.ops.dignn.*``) it is built from.
 - :mod:`dignn_kernels.reference`: plain PyTorch straight from the paper (the test oracle).
+- :mod:`dignn_kernels.solvers`: fixed point, conjugate gradient and Anderson solves.
 """
 import torch
 
@@ -33,10 +34,12 @@ def _load_extension() -> None:
 
 _load_extension()
 
-from . import ops, reference  # noqa: E402
+from . import ops, reference, solvers  # noqa: E402
 from .graph import CSRGraph, build_graph, cached_graph, clear_graph_cache  # noqa: E402
 from .layer import BACKENDS, FusedImplicitDiffusion, available_backends  # noqa: E402
+from .solvers import SOLVERS, DivergenceWarning  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["FusedImplicitDiffusion", "ops", "reference", "CSRGraph", "build_graph",
-           "cached_graph", "clear_graph_cache", "BACKENDS", "available_backends"]
+__all__ = ["FusedImplicitDiffusion", "ops", "reference", "solvers", "CSRGraph", "build_graph",
+           "cached_graph", "clear_graph_cache", "BACKENDS", "available_backends", "SOLVERS",
+           "DivergenceWarning"]

@@ -11,7 +11,8 @@ once for every backend:
   t_rowptr, t_col, t_perm) -> (z, stats)``: the differentiable fixed-point layer
 
 ``"cpu"`` and ``"cuda"`` are the compiled ``torch.ops.dignn`` operators (the dispatcher picks the
-device); ``"triton"`` is :mod:`dignn_kernels.triton_kernels`.
+device); ``"triton"`` is :mod:`dignn_kernels.triton_kernels`; ``"torch"`` is
+:mod:`dignn_kernels.torch_passes` (plain PyTorch, any device).
 """
 from types import SimpleNamespace
 
@@ -34,4 +35,7 @@ def kernels_for(backend: str):
     if backend == "triton":
         from . import triton_kernels
         return triton_kernels
+    if backend == "torch":
+        from . import torch_passes
+        return torch_passes
     raise ValueError(f"no kernels for backend {backend!r}")

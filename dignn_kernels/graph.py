@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["CSRGraph", "build_graph", "cached_graph", "clear_graph_cache", "transpose_csr",
-           "LAPLACIANS"]
+           "diagonal_index", "LAPLACIANS"]
 
 LAPLACIANS = ("neural", "rw", "unnormalized", "sym")
 
@@ -43,6 +43,16 @@ def transpose_csr(rowptr: Tensor, col: Tensor, n: int) -> Tuple[Tensor, Tensor, 
     t_rowptr = _rowptr_from_sorted_rows(col.long()[perm], n)
     t_col = rows[perm].to(col.dtype)
     return t_rowptr, t_col, perm
+
+
+def diagonal_index(rowptr: Tensor, col: Tensor) -> Tensor:
+    """For each row i of a coalesced CSR, the position of entry (i, i), or -1."""
+    n = rowptr.numel() - 1
+    rows = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
+                                   rowptr[1:] - rowptr[:-1], output_size=col.numel())
+    loops = torch.nonzero(rows == col.long()).flatten()
+    index = torch.full((n,), -1, dtype=torch.int64, device=rowptr.device)
+    return index.index_copy_(0, rows[loops], loops)
 
 
 @dataclass
@@ -89,6 +99,14 @@ class CSRGraph:
                 torch.arange(self.num_nodes, device=self.device),
                 self.rowptr[1:] - self.rowptr[:-1], output_size=self.num_edges)
         return self._by_dtype["rows"]
+
+    def diagonal_index(self) -> Tensor:
+        """int64 [n]: the CSR position of row i's self-loop (i, i), or -1 where there is none.
+        The solvers read W_ii there: a self-loop weight sits both in kappa_i and in W, so it
+        cancels from the diagonal of L = K - W (the Jacobi preconditioner needs it)."""
+        if "diag" not in self._by_dtype:
+            self._by_dtype["diag"] = diagonal_index(self.rowptr, self.col)
+        return self._by_dtype["diag"]
 
     def fixed_laplacian(self, laplacian: str, dtype: torch.dtype) -> Tuple[Tensor, Tensor,
                                                                          Tensor]:
@@ -278,6 +296,8 @@ def _identity(t) -> Tuple[list, list, tuple]:
             objs += [t.crow_indices(), t.col_indices(), t.values()]
     elif t is None:
         return [], [], (None,)
+    elif not _is_sparse_tensor(t):  # not a graph at all: build_graph raises the TypeError
+        return [], [], (id(t),)
     else:  # SparseTensor: its storage's tensors
         objs = [x for x in (t.storage.row() if t.storage.has_row() else None,
                             t.storage.rowptr(), t.storage.col(), t.storage.value())
@@ -292,6 +312,8 @@ def _identity(t) -> Tuple[list, list, tuple]:
 def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None) -> CSRGraph:
     """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again."""
     objs, versions, key = _identity(edge)
+    if not objs:
+        return build_graph(edge, num_nodes, edge_weight)
     w_objs, w_versions, w_key = _identity(edge_weight)
     key = (key, w_key, num_nodes)
     entry = _CACHE.get(key)

@@ -5,10 +5,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import ops
-from .backends import kernels_for
+from . import ops, solvers, triton_kernels
 from .composed import composed_edge_weights, composed_implicit_diffusion
 from .graph import LAPLACIANS, CSRGraph, cached_graph
+from .solvers import SOLVERS
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
@@ -22,14 +22,13 @@ def _has_cuda_kernels() -> bool:
 
 def available_backends(device: torch.device) -> Tuple[str, ...]:
     """The backends that can run on ``device``, fastest first."""
-    if device.type == "cpu":
-        return ("cpu", "torch")
+    if device.type == "cpu":  # Triton runs on the CPU only in its (slow) interpreter
+        return ("cpu", "torch") + (("triton",) if triton_kernels.available(device) else ())
     if device.type == "cuda":
         found = []
         if _has_cuda_kernels():
             found.append("cuda")
-        from . import triton_kernels
-        if triton_kernels.available():
+        if triton_kernels.available(device):
             found.append("triton")
         return tuple(found) + ("torch",)
     return ("torch",)
@@ -50,32 +49,46 @@ def _check_positive(name, value, allow_zero=False):
 class FusedImplicitDiffusion(nn.Module):
     r"""The implicit graph diffusion layer of DIGNN (paper eq. 10):
     :math:`Z = X - \frac{1}{\mu} \Delta Z`, solved by fixed-point iteration from Z_0 = 0
-    (eq. iter) and differentiated implicitly (appendix "Training for DIGNNs").
+    (eq. iter), or by conjugate gradient or Anderson acceleration, and differentiated
+    implicitly (appendix "Training for DIGNNs").
 
     Args:
         in_channels: feature width d of x (and of the output Z).
         mu: the source-constraint strength mu > 0. Plain iteration converges when
-            mu > lambda_max(Delta) (corollary 4.3).
+            mu > lambda_max(Delta) (corollary 4.3); ``cg`` for every mu > 0.
         laplacian: ``"neural"`` (the learnable graph neural Laplacian, eq. 12-14), ``"rw"``,
             ``"unnormalized"`` or ``"sym"`` (appendix table 1).
         metric_channels: width h of the metric projections (default: ``in_channels``).
-        max_iter: the most fixed-point iterations, forward and adjoint alike.
-        tol: stop once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F (the same test on the adjoint).
+        max_iter: the most iterations (CSR sweeps for cg and anderson), forward and adjoint
+            alike.
+        tol: ``fixed_point`` stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and
+            ``anderson`` once ||X - Z - Delta Z / mu||_F <= tol ||X||_F (the same tests on
+            the adjoint, relative to the incoming gradient).
         eps: the epsilon of eq. 14.
         backend: ``"auto"`` (fastest for the device), ``"cpu"`` (fused C++ kernels),
             ``"cuda"``, ``"triton"``, or ``"torch"`` (plain PyTorch composition).
+        solver: ``"fixed_point"`` (the paper's iteration), ``"cg"`` (Jacobi-preconditioned
+            conjugate gradient on the SPD form (C + L/mu) Z = C X; undirected graphs only,
+            directed ones fall back to ``"anderson"`` with a warning) or ``"anderson"``
+            (Anderson acceleration of the fixed-point map). See :mod:`dignn_kernels.solvers`.
+        check_every: ``cg``/``anderson`` read their on-device convergence flag every this
+            many sweeps (None: every sweep on the CPU, every 4 on a GPU; 0: never, always
+            ``max_iter`` sweeps, as CUDA graphs need). Results do not depend on it.
 
     ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (messages flow
     from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
     ``SparseTensor`` (read as PyG's ``adj_t``). The preprocessed graph is cached while the same
     tensors are passed again. Rows whose chi is 0 (isolated nodes, all-zero features) keep
-    z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve; after a
-    backward, ``backward_iterations`` and ``backward_residual`` the adjoint solve.
+    z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve and
+    ``solver_used`` names the solver that ran; after a backward, ``backward_iterations`` and
+    ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
+    lambda_max(Delta)) gives a :class:`dignn_kernels.solvers.DivergenceWarning`.
     """
 
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
-                 eps: float = 1e-6, backend: str = "auto"):
+                 eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
+                 check_every: Optional[int] = None):
         super().__init__()
         _check_int("in_channels", in_channels, 1)
         _check_positive("mu", mu)
@@ -88,6 +101,10 @@ class FusedImplicitDiffusion(nn.Module):
         _check_positive("eps", eps)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        if check_every is not None:
+            _check_int("check_every", check_every, 0)
         self.in_channels = in_channels
         self.mu = float(mu)
         self.laplacian = laplacian
@@ -97,6 +114,9 @@ class FusedImplicitDiffusion(nn.Module):
         self.eps = float(eps)
         self.backend = backend
         self.backend_used: Optional[str] = None
+        self.solver = solver
+        self.check_every = check_every
+        self.solver_used: Optional[str] = None
         if laplacian == "neural":
             h = self.metric_channels
             self.theta_chi = nn.Linear(in_channels, h, bias=False)
@@ -124,12 +144,13 @@ class FusedImplicitDiffusion(nn.Module):
 
     @property
     def iterations(self) -> Optional[int]:
-        """Fixed-point iterations of the last forward solve."""
+        """Iterations of the last forward solve (CSR sweeps for cg and anderson)."""
         return self._stat(0)
 
     @property
     def residual(self) -> Optional[float]:
-        """||Z_t - Z_{t-1}||_F at the end of the last forward solve."""
+        """Residual at the end of the last forward solve: ||Z_t - Z_{t-1}||_F for the fixed
+        point, ||X - Z - Delta Z / mu||_F for cg and anderson."""
         return self._stat(1)
 
     @property
@@ -145,6 +166,10 @@ class FusedImplicitDiffusion(nn.Module):
     def backward_residual(self) -> Optional[float]:
         return self._stat(4)
 
+    @property
+    def backward_relative_residual(self) -> Optional[float]:
+        return self._stat(5)
+
     # --------------------------------------------------------------------- forward --
     def _resolve_backend(self, device: torch.device) -> str:
         available = available_backends(device)
@@ -156,6 +181,9 @@ class FusedImplicitDiffusion(nn.Module):
                 f"{available}. " + ("The CUDA kernels were not built; reinstall with a CUDA "
                                     "toolkit (DIGNN_WITH_CUDA=1) or use backend='triton' or "
                                     "'torch'." if self.backend == "cuda" else
+                                    "Triton needs a CUDA GPU (on the CPU only its interpreter, "
+                                    "TRITON_INTERPRET=1) and the triton package; use "
+                                    "backend='auto'." if self.backend == "triton" else
                                     "Use backend='auto'."))
         return self.backend
 
@@ -187,15 +215,17 @@ class FusedImplicitDiffusion(nn.Module):
         graph = cached_graph(edge_index, x.size(0), edge_weight)
         backend = self._resolve_backend(x.device)
         self.backend_used = backend
+        solver = solvers.resolve_solver(self.solver, graph.symmetric)
+        self.solver_used = solver
         out_dtype = x.dtype
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
             torch.float32
         xc = x.to(compute)
-        stats = torch.zeros(3, dtype=torch.float64)
-        if backend == "torch":
+        if backend == "torch" and solver == "fixed_point":
+            stats = torch.zeros(3, dtype=torch.float64)
             z = self._forward_composed(graph, xc, stats)
         else:
-            z, stats = self._forward_kernels(graph, xc, backend)
+            z, stats = self._forward_kernels(graph, xc, backend, solver)
         self._stats = stats
         return z.to(out_dtype)
 
@@ -211,33 +241,41 @@ class FusedImplicitDiffusion(nn.Module):
         q = nn.functional.linear(x, self.theta_varphi.weight.to(dtype))
         return chi, p, q
 
-    def _forward_kernels(self, graph: CSRGraph, x: Tensor, backend: str):
+    def _forward_kernels(self, graph: CSRGraph, x: Tensor, backend: str, solver: str):
         t = graph.transposed()
         t_rowptr, t_col, t_perm = t if t is not None else (None, None, None)
-        solver = dict(mu=self.mu, eps=self.eps, max_iter=self.max_iter, tol=self.tol,
-                      t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
-        call = kernels_for(backend).implicit_diffusion
+        config = dict(mu=self.mu, eps=self.eps, max_iter=self.max_iter, tol=self.tol,
+                      solver=solver, backend=backend, check_every=self.check_every,
+                      t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
+                      diag_index=graph.diagonal_index() if solver == "cg" else None)
+        call = solvers.implicit_diffusion
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
             chi, p, q = self._projections(x, degree)
-            return call(graph.rowptr, graph.col, a, x, chi, p, q, None, **solver)
+            return call(graph.rowptr, graph.col, a, x, chi, p, q, None, **config)
         w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
-        return call(graph.rowptr, graph.col, w, x, chi, None, None, kappa, **solver)
+        return call(graph.rowptr, graph.col, w, x, chi, None, None, kappa, **config)
 
     def _forward_composed(self, graph: CSRGraph, x: Tensor, stats: Tensor) -> Tensor:
-        solver = dict(mu=self.mu, max_iter=self.max_iter, tol=self.tol, stats=stats)
+        config = dict(mu=self.mu, max_iter=self.max_iter, tol=self.tol, stats=stats)
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
             chi, p, q = self._projections(x, degree)
             w = composed_edge_weights(graph, a, p, q, self.eps)
-            return composed_implicit_diffusion(graph, x, w, chi, None, **solver)
-        w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
-        return composed_implicit_diffusion(graph, x, w, chi, kappa, **solver)
+            z = composed_implicit_diffusion(graph, x, w, chi, None, **config)
+        else:
+            w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
+            z = composed_implicit_diffusion(graph, x, w, chi, kappa, **config)
+        if solvers._observable(x) and bool(solvers.fixed_point_diverged(
+                x.detach(), z.detach(), chi.detach(), graph.symmetric)):
+            solvers._warn_fixed_point_diverged(self.mu, stacklevel=4)
+        return z
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, mu={self.mu}, laplacian={self.laplacian!r}, "
                 f"metric_channels={self.metric_channels}, max_iter={self.max_iter}, "
-                f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}")
+                f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}, "
+                f"solver={self.solver!r}")
 
 
 def _graph_device(edge) -> Optional[torch.device]:

@@ -5,7 +5,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import dignn_kernels as dk
+# The Triton kernels run on CPU tensors only in Triton's interpreter, which has to be chosen
+# before the kernels are defined (dignn_kernels defines them on first use, so setting it here,
+# before any test runs one, is early enough). Without a GPU the whole session uses it and
+# tests/test_triton.py runs every Triton kernel on the CPU; with a GPU the kernels compile for
+# it and the same tests run on CUDA tensors (marker `cuda`). The interpreter only affects
+# @triton.jit functions: nothing else in this suite (torch.compile on the CPU included)
+# goes through Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import dignn_kernels as dk  # noqa: E402
 
 GRAPH_KINDS = ["symmetric", "directed", "weighted", "isolated", "self_loops", "duplicates",
                "zero_rows", "single_node", "empty", "batch"]

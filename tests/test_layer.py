@@ -245,3 +245,15 @@ def test_repr_and_parameters():
                       "theta_varphi.weight": (8, 16)}
     assert "mu=2.2" in repr(layer)
     assert list(dk.FusedImplicitDiffusion(16, laplacian="rw").parameters()) == []
+
+
+def test_blow_up_is_not_mistaken_for_convergence():
+    """float32, mu far below lambda_max: the iterate overflows; the loop must stop and say
+    the solve diverged, not report inf <= tol * inf as converged."""
+    from dignn_kernels.solvers import DivergenceWarning
+    x, ei, _ = make_graph("symmetric", n=40, d=8, dtype=torch.float32)
+    layer = make_layer(8, "rw", mu=0.02, max_iter=400, tol=1e-6, dtype=torch.float32)
+    with pytest.warns(DivergenceWarning, match="mu=0.02"):
+        layer(x, ei)
+    assert layer.iterations < 400
+    assert not layer.relative_residual <= 1e-6

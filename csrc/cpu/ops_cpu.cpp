@@ -72,8 +72,15 @@ Tensor stats_tensor(int64_t iters, const StepNorms& norms) {
   return at::tensor({static_cast<double>(iters), res, rel}, at::kDouble);
 }
 
+// A step whose norms are no longer finite has diverged (mu <= lambda_max, or float overflow
+// of a growing iterate): stop, never mistake inf <= inf for convergence. The stats then hold
+// inf and the layer warns.
+bool blew_up(const StepNorms& norms) {
+  return !std::isfinite(norms.diff_sq) || !std::isfinite(norms.out_sq);
+}
+
 bool converged(const StepNorms& norms, double tol) {
-  return norms.diff_sq <= tol * tol * norms.out_sq;
+  return !blew_up(norms) && norms.diff_sq <= tol * tol * norms.out_sq;
 }
 
 // ---------------------------------------------------------------- building blocks --
@@ -283,7 +290,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
   }
   bool have_weights = !neural;
   Tensor z_next = at::empty_like(z);
-  while (iters < max_iter && !converged(norms, tol)) {
+  while (iters < max_iter && !converged(norms, tol) && !blew_up(norms)) {
     if (!have_weights) {
       // Iteration 2: the fused pass computes W, kappa and the step together.
       norms = neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, chi, x, z, inv_mu,
@@ -340,7 +347,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   norms.diff_sq = norms.out_sq = g.square().sum(at::kDouble).item<double>();
   int64_t iters = 1;
   Tensor u_next = at::empty_like(u);
-  while (iters < max_iter && !converged(norms, tol)) {
+  while (iters < max_iter && !converged(norms, tol) && !blew_up(norms)) {
     norms = cached_step(t_rp, t_cl, t_w, g, cy, Tensor(), u, u_next);
     std::swap(u, u_next);
     ++iters;

@@ -1,0 +1,180 @@
+// Device helpers shared by the dignn kernels: channel vectors, lane groups, the schedule's
+// accessors and the fixed-order block reduction of step norms. See launch.h for the design.
+#pragma once
+
+#include "cuda/launch.h"
+#include "dignn/laplacian_math.h"
+
+namespace dignn {
+namespace DIGNN_SIMT_NS {
+
+template <typename X>
+DIGNN_DEV X min_of(X a, X b) {
+  return b < a ? b : a;
+}
+
+// V consecutive channels of a row, loaded and stored as one 16-byte access when V * sizeof(T)
+// is 16 (rows are then 16-byte aligned: the host checks before choosing V = 4).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+DIGNN_DEV Pack<T, V> zero_pack() {
+  Pack<T, V> p;
+  DIGNN_UNROLL
+  for (int c = 0; c < V; ++c) p.v[c] = T(0);
+  return p;
+}
+
+// Load of data that no thread writes during the kernel.
+template <typename T, int V>
+DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
+#if defined(__CUDACC__)
+  if constexpr (V == 4 && std::is_same<T, float>::value) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(ptr));
+    Pack<T, V> p;
+    p.v[0] = t.x;
+    p.v[1] = t.y;
+    p.v[2] = t.z;
+    p.v[3] = t.w;
+    return p;
+  } else if constexpr (V == 1) {
+    Pack<T, V> p;
+    p.v[0] = __ldg(ptr);
+    return p;
+  } else {
+    return *reinterpret_cast<const Pack<T, V>*>(ptr);
+  }
+#else
+  Pack<T, V> p;
+  std::memcpy(p.v, ptr, sizeof(p.v));
+  return p;
+#endif
+}
+
+// Plain load (data this kernel writes elsewhere, or wrote itself).
+template <typename T, int V>
+DIGNN_DEV Pack<T, V> load_rw(const T* ptr) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const Pack<T, V>*>(ptr);
+#else
+  Pack<T, V> p;
+  std::memcpy(p.v, ptr, sizeof(p.v));
+  return p;
+#endif
+}
+
+template <typename T, int V>
+DIGNN_DEV void store(T* ptr, const Pack<T, V>& p) {
+#if defined(__CUDACC__)
+  *reinterpret_cast<Pack<T, V>*>(ptr) = p;
+#else
+  std::memcpy(ptr, p.v, sizeof(p.v));
+#endif
+}
+
+template <typename T, int V>
+DIGNN_DEV T dot(const Pack<T, V>& a, const Pack<T, V>& b) {
+  T s = a.v[0] * b.v[0];
+  DIGNN_UNROLL
+  for (int c = 1; c < V; ++c) s = simt::madd(a.v[c], b.v[c], s);
+  return s;
+}
+
+template <typename T, int V>
+DIGNN_DEV T dist_sq(const Pack<T, V>& a, const Pack<T, V>& b) {
+  T t = a.v[0] - b.v[0];
+  T s = t * t;
+  DIGNN_UNROLL
+  for (int c = 1; c < V; ++c) {
+    t = a.v[c] - b.v[c];
+    s = simt::madd(t, t, s);
+  }
+  return s;
+}
+
+// G consecutive lanes of a warp working on one item. All lanes of a group follow the same
+// control flow, so the shuffles below name exactly the group's lanes in their mask.
+template <int G>
+struct Group {
+  static_assert(G == 4 || G == 8 || G == 16 || G == 32, "group of 4, 8, 16 or 32 lanes");
+  unsigned mask;
+  int lane;  // 0 .. G-1
+  DIGNN_DEV Group() {
+    const int warp_lane = simt::thread_idx() & 31;
+    lane = warp_lane & (G - 1);
+    mask = G == 32 ? 0xffffffffu : ((1u << (G & 31)) - 1u) << (warp_lane & ~(G - 1));
+  }
+  // Value of `v` held by group lane `src` (0 <= src < G).
+  template <typename X>
+  DIGNN_DEV X bcast(X v, int src) const {
+    return simt::shfl(mask, v, src, G);
+  }
+  // Sum over the group, identical in every lane (xor butterfly: a + b == b + a bitwise).
+  template <typename X>
+  DIGNN_DEV X sum(X v) const {
+    DIGNN_UNROLL
+    for (int o = G / 2; o > 0; o >>= 1) v += simt::shfl_xor(mask, v, o, G);
+    return v;
+  }
+};
+
+// Schedule accessors (column c: 0 items, 1 heavy slots, 2 heavy rows).
+DIGNN_DEV int64_t sched_total(const ScheduleView& s, int c) {
+  return s.n > 0 ? s.incl[c * s.n + s.n - 1] : 0;
+}
+DIGNN_DEV int64_t sched_before(const ScheduleView& s, int64_t row, int c) {
+  return row > 0 ? s.incl[c * s.n + row - 1] : 0;
+}
+DIGNN_DEV int64_t sched_upto(const ScheduleView& s, int64_t row, int c) {
+  return s.incl[c * s.n + row];
+}
+
+// The item a group works on, resolved to its row and edge range.
+struct Item {
+  int64_t row;
+  int64_t k0, k1;  // edges [k0, k1) of the row
+  int64_t seg;     // segment index within the row
+  int64_t nseg;    // segments of the row
+  int64_t slot;    // heavy rows: partial slot of this segment
+};
+
+DIGNN_DEV Item resolve_item(const ScheduleView& s, const int64_t* rowptr, int64_t item) {
+  Item it;
+  it.row = s.item_row[item];
+  const int64_t first = sched_before(s, it.row, 0);
+  it.nseg = sched_upto(s, it.row, 0) - first;
+  it.seg = item - first;
+  it.k0 = rowptr[it.row] + it.seg * kSegmentEdges;
+  it.k1 = min_of<int64_t>(it.k0 + kSegmentEdges, rowptr[it.row + 1]);
+  it.slot = sched_before(s, it.row, 1) + it.seg;
+  return it;
+}
+
+// Writes this block's two sums (per group values, in group order) to out[2 * block + {0, 1}].
+// Every thread of the block must call it.
+template <int kGroups>
+DIGNN_DEV void store_block_norms(double diff_sq, double out_sq, int lane, int group_in_block,
+                                 double* out) {
+  DIGNN_SHARED double s_diff[kGroups];
+  DIGNN_SHARED double s_out[kGroups];
+  if (lane == 0) {
+    s_diff[group_in_block] = diff_sq;
+    s_out[group_in_block] = out_sq;
+  }
+  simt::sync_block();
+  if (simt::thread_idx() == 0) {
+    double a = 0.0, b = 0.0;
+    for (int g = 0; g < kGroups; ++g) {
+      a += s_diff[g];
+      b += s_out[g];
+    }
+    out[2 * simt::block_idx()] = a;
+    out[2 * simt::block_idx() + 1] = b;
+  }
+}
+
+}  // namespace DIGNN_SIMT_NS
+}  // namespace dignn

@@ -1,0 +1,188 @@
+// What the host code of the CUDA ops (csrc/cuda/ops_impl.h) hands to the kernels: plain
+// argument structs, the launch plan, and the launchers. No ATen here, so that the .cu files
+// compile quickly; the math is in csrc/dignn/laplacian_math.h.
+//
+// Work decomposition (the same for every CSR pass):
+// - A *schedule* is built once per op call from rowptr alone, on the device, without a host
+//   sync: row i is cut into nseg_i = max(1, ceil(deg_i / kSegmentEdges)) segments of at most
+//   kSegmentEdges edges; every segment is one *work item*. Rows with one segment (almost all
+//   rows of a real graph) are finished by the group that processes them. Rows with several
+//   ("heavy" rows: the hubs of a power-law graph) write one partial result per segment into a
+//   slot, and a second kernel sums the slots of each heavy row in segment order and finishes
+//   the row. So a row of 10,000 neighbours is ~80 items spread over the GPU instead of one long
+//   serial loop, and every sum has a fixed order: results are bit-for-bit reproducible.
+// - A work item is processed by a *group* of G consecutive lanes of a warp (G = 4, 8, 16 or 32,
+//   the smallest that covers the channels with kVecsPerLane vectors per lane), so short rows do
+//   not leave most of a warp idle. Each lane holds channel vectors of V elements (V = 4 for
+//   float32 when every row is 16-byte aligned: one 16-byte load per lane per vector), and
+//   the group gathers kUnroll neighbour rows at a time to keep several loads in flight.
+// - Sums over rows (the residual norms of a solve) are reduced per block in group order and
+//   then over blocks in block order by one final block: fixed order, no atomics.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/simt.cuh"
+
+namespace dignn {
+namespace DIGNN_SIMT_NS {
+
+// Threads per block of the row kernels: small blocks, so that a block holding one long item
+// keeps few other lanes idle until it retires (Hopper runs up to 32 blocks per SM).
+constexpr int kThreads = 64;
+constexpr int kVecsPerLane = 2;           // channel vectors a lane keeps in registers
+// Edges per work item; longer rows are split. (The host emulator used by the tests builds
+// with a small value, so that its small graphs take the split-row paths too.)
+#ifndef DIGNN_SEGMENT_EDGES
+#define DIGNN_SEGMENT_EDGES 128
+#endif
+constexpr int64_t kSegmentEdges = DIGNN_SEGMENT_EDGES;
+constexpr int kReduceThreads = 256;       // threads of the reduction kernels
+
+// The work items of one CSR, built by build_schedule (ops_impl.h).
+struct ScheduleView {
+  const int64_t* incl;       // [3][n] inclusive sums over rows of: items, heavy slots, heavy rows
+  const int32_t* item_row;   // [max_items] the row of each item
+  const int32_t* heavy_row;  // [max_heavy] the heavy rows, in row order
+  int64_t n;
+};
+
+// Upper bounds on the schedule's sizes that the host knows without reading the device:
+// sum_i max(1, ceil(deg_i/E)) <= n + m/E; a heavy row (deg > E) has ceil(deg/E) <= 2 floor(deg/E)
+// segments, so all heavy slots <= 2 m/E; heavy rows <= m/(E+1).
+inline int64_t max_items(int64_t n, int64_t m) { return n + m / kSegmentEdges; }
+inline int64_t max_heavy_slots(int64_t m) { return 2 * (m / kSegmentEdges) + 1; }
+inline int64_t max_heavy_rows(int64_t m) { return m / (kSegmentEdges + 1) + 1; }
+
+// Lanes per group: the smallest of 4, 8, 16, 32 whose kVecsPerLane vectors per lane cover
+// `vecs` channel vectors (32 beyond; wider rows are done in several channel blocks).
+inline int group_size(int64_t vecs) {
+  for (int g = 4; g < 32; g *= 2) {
+    if (g * kVecsPerLane >= vecs) return g;
+  }
+  return 32;
+}
+
+DIGNN_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How one pass is launched; filled in by the host (plan_pass).
+struct PassPlan {
+  int group = 32;              // lanes per group
+  int vec = 1;                 // elements per channel vector (1, or 4 for aligned float32)
+  int64_t main_blocks = 0;     // blocks of the item kernel
+  int64_t combine_blocks = 0;  // blocks of the heavy-row kernel (one warp per heavy row)
+};
+
+inline PassPlan plan_pass(int64_t n, int64_t m, int64_t widest_vecs, int vec) {
+  PassPlan plan;
+  plan.vec = vec;
+  plan.group = group_size(widest_vecs);
+  plan.main_blocks = n > 0 ? ceil_div(max_items(n, m), kThreads / plan.group) : 0;
+  plan.combine_blocks = n > 0 ? ceil_div(max_heavy_rows(m), kThreads / 32) : 0;
+  return plan;
+}
+
+// One CSR row pass: out_i = b_i + cy_i y_i + rs_i sum_k w_k y_{col_k}  (eq. iter), with
+// - cached weights (neural = false): w given, cy and rs per row (rs null: 1);
+// - the neural Laplacian (neural = true): w_k = a_k tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i.p_j|)
+//   (eq. 13-14) computed in the pass and written to w_out, kappa_i = sum_k w_k to kappa_out, and
+//   (cy, rs) = row_coefficients(chi_i, kappa_i, inv_mu) when chi is given. With y null only the
+//   weights and kappa are made (neural_edge_weights).
+// With `converged` set on the device, the pass only carries y forward (out = y) and adds nothing
+// to the norms; the weights of a neural pass are still made.
+template <typename T>
+struct RowPassArgs {
+  bool neural = false;  // neural weights made in the pass (else cached w)
+  const int64_t* rowptr = nullptr;
+  const int32_t* col = nullptr;
+  int64_t n = 0, m = 0;
+  ScheduleView sched{};
+  const T* w = nullptr;
+  const T* a = nullptr;
+  const T* p = nullptr;
+  const T* q = nullptr;
+  int64_t h = 0;
+  T eps = T(0);
+  T* w_out = nullptr;
+  T* kappa_out = nullptr;
+  const T* b = nullptr;
+  const T* y = nullptr;
+  T* out = nullptr;
+  int64_t d = 0;
+  const T* cy = nullptr;
+  const T* rs = nullptr;
+  const T* chi = nullptr;
+  T inv_mu = T(0);
+  T* partial = nullptr;        // [max_heavy_slots][d]: W y over one segment of a heavy row
+  T* partial_kappa = nullptr;  // [max_heavy_slots]: kappa over one segment (neural)
+  const int32_t* converged = nullptr;
+  double* main_norms = nullptr;     // [main_blocks][2]: ||out - y||^2, ||out||^2 (or null)
+  double* combine_norms = nullptr;  // [combine_blocks][2]
+  PassPlan plan{};
+};
+
+// How dl/dW_ij of an edge is known in the gradient pass.
+enum EdgeGradMode : int {
+  kEdgeGradGiven = 0,      // per edge, in this CSR's order (neural_edge_weights backward)
+  kEdgeGradSymmetric = 1,  // (v_i - v_j).(z_j - z_i): G_ij + G_ji of a symmetric graph
+  kEdgeGradOut = 2,        // v_i.(z_j - z_i): edge (i, j), node i first argument of W_ij
+  kEdgeGradIn = 3,         // v_j.(z_i - z_j): transposed row i, edge (j, i), i second argument
+};
+
+// One CSR pass of the gradient of the neural edge weights (laplacian_math.h):
+//   grad_p_i (+)= sum_k cp_k p_{j_k},  grad_q_i (+)= sum_k cq_k (q_i - q_{j_k}),
+//   cp = G dW/dpi,  cq = G (dW/drho) / rho.
+template <typename T>
+struct GradPassArgs {
+  const int64_t* rowptr = nullptr;
+  const int32_t* col = nullptr;
+  int64_t n = 0, m = 0;
+  ScheduleView sched{};
+  const T* a = nullptr;  // edge values in this CSR's order
+  const T* p = nullptr;
+  const T* q = nullptr;
+  int64_t h = 0;
+  T eps = T(0);
+  int mode = kEdgeGradGiven;
+  const T* given = nullptr;  // kEdgeGradGiven: dl/dW per edge in this CSR's order
+  const T* z = nullptr;
+  const T* v = nullptr;
+  int64_t d = 0;
+  bool accumulate = false;  // add to grad_p, grad_q instead of overwriting them
+  T* grad_p = nullptr;
+  T* grad_q = nullptr;
+  T* partial = nullptr;       // [max_heavy_slots][2h + 4]: sum cp p_j, sum cq q_j, sum cq
+  T* edge_scratch = nullptr;  // [m][2] (cp, cq) when h spans several channel blocks
+  PassPlan plan{};
+};
+
+DIGNN_HOST_DEV int64_t grad_partial_stride(int64_t h) { return 2 * h + 4; }
+
+// Launchers (csrc/cuda/*.cu). Each returns the launch status (0 = success).
+template <typename T>
+int launch_row_pass(const RowPassArgs<T>& args, simt::Stream stream);
+template <typename T>
+int launch_grad_pass(const GradPassArgs<T>& args, simt::Stream stream);
+
+int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
+                           simt::Stream stream);
+int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* item_row, int32_t* heavy_row,
+                         simt::Stream stream);
+template <typename T>
+int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
+                            simt::Stream stream);
+template <typename T>
+int launch_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
+                    simt::Stream stream);
+// Blocks that sum_squares writes partial sums for (a function of the element count only).
+int64_t sum_squares_blocks(int64_t count);
+template <typename T>
+int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream);
+// stats = [iteration, sqrt(sum diff), sqrt(sum diff / sum out)] and converged = (sum diff <=
+// tol^2 sum out) from the block sums of one step, unless `converged` was already set.
+int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
+                         int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
+                         double tol, simt::Stream stream);
+
+}  // namespace DIGNN_SIMT_NS
+}  // namespace dignn

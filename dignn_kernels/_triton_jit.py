@@ -1,0 +1,655 @@
+"""The Triton kernels of the ``triton`` backend and their launchers (needs ``triton``).
+
+Every kernel implements a formula of ``csrc/dignn/laplacian_math.h``; the docstring of each says
+which. :mod:`dignn_kernels.triton_kernels` wraps the launchers into ``torch.library`` custom ops,
+the solve loops and autograd; this module only knows CSR rows and tiles.
+
+Work decomposition (the same for every pass). A CSR row's edges are cut into *items* of at most
+``chunk`` edges: a row of degree 1 is one item, a row of degree 5,000 is ceil(5000 / chunk)
+items. The items are sorted by length, longest first, and a program takes ``ROWS`` consecutive
+items as the rows of a 2-D tile (items x channels): each step of its edge loop gathers one
+neighbour row per item, so the loop runs for the longest item of the tile, at most ``chunk``
+steps, and neighbouring programs have items of about the same length (little masked work). An
+item that covers a whole row finishes it in the kernel (the row's epilogue: the fixed-point
+update and its residual). The items of a row longer than ``chunk`` write their partial sums to
+a scratch slot, and a second kernel adds a row's slots in slot order and runs the epilogue.
+So the heaviest row of a power-law graph costs a few chunk-long items spread over the grid
+instead of one program looping over thousands of edges, nothing is accumulated with atomics,
+and every sum is taken in an order fixed by the graph alone: results are the same bit for bit
+from run to run. (Bucketing rows by degree alone would still leave one program per heavy
+row; merge-path splitting would need a segmented scan; fixed chunks keep both the kernel and
+its order simple.) The schedule is built on the device without a host sync (its sizes are
+bounds computed from n and m), so it can be built inside a captured CUDA graph.
+
+Channels are the second tile axis (``BLOCK_D`` <= 128 wide, a second grid axis beyond that);
+the per-edge scalars pi = p_i . p_j, rho = ||q_i - q_j|| and G_ij are reduced over full rows
+in ``BLOCK_H``/``BLOCK_D`` pieces. Accumulation is in the tensors' dtype: float32 (the
+layer computes float16/bfloat16 inputs in float32) or float64.
+
+Convergence is decided on the device: every step kernel reads a ``done`` flag and, once it is
+set, copies its input instead of iterating; :func:`finish_step` reduces the per-program
+residual partial sums (in a fixed order, float64) into the solve's stats and sets the flag.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+CHI_FLOOR = 1e-30  # laplacian_math.h kChiFloor: rows with chi <= CHI_FLOOR are guarded
+_CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
+
+# Where tanh switches from its odd Taylor polynomial to (1 - e) / (1 + e), e = exp(-2|x|):
+# the polynomial (to x^17) is within half an ulp below these arguments, and the exp form
+# loses at most a few ulp above them.
+_TANH_SMALL = {torch.float32: 0.625, torch.float64: 0.1}
+
+MAX_BLOCK_D = 128  # widest channel tile of the step kernels
+MAX_BLOCK_H = 64  # widest tile of the metric channels (p, q) and of the gradient outputs
+MAX_BLOCK_G = 64  # channel piece of the G_ij = v . (z_j - z_i) reductions
+
+
+def _pow2(n: int, cap: int) -> int:
+    return max(1, min(triton.next_power_of_2(max(int(n), 1)), cap))
+
+
+def _warps(rows: int, width: int) -> int:
+    """Warps for a rows x width tile: 4 to 8 elements of each tile per thread. At h = d = 64
+    the sm_90 builds take 48 registers (row pass), 64 (fused forward) and 77 (gradient pass)
+    per thread, none spilled: enough resident warps to keep the gathers in flight."""
+    return max(1, min(8, rows * width // 128))
+
+
+# ------------------------------------------------------------------ device math --
+
+@triton.jit
+def _tanh_sech2(x, SMALL: tl.constexpr):
+    """tanh(x) and 1 - tanh(x)^2 for x >= 0, both to full relative precision: the odd
+    Taylor series below SMALL, (1 - e) / (1 + e) and 4 e / (1 + e)^2 with e = exp(-2x) above
+    (laplacian_math.h tanh_sech2; no expm1 in Triton, hence the series)."""
+    use_small = x < SMALL
+    xs = tl.where(use_small, x, 0.0)  # keeps the unused polynomial from overflowing
+    x2 = xs * xs
+    poly = x2 * (6404582.0 / 10854718875.0) - 929569.0 / 638512875.0
+    poly = poly * x2 + 21844.0 / 6081075.0
+    poly = poly * x2 - 1382.0 / 155925.0
+    poly = poly * x2 + 62.0 / 2835.0
+    poly = poly * x2 - 17.0 / 315.0
+    poly = poly * x2 + 2.0 / 15.0
+    poly = poly * x2 - 1.0 / 3.0
+    small = xs + xs * x2 * poly
+    e = tl.exp(-2.0 * x)
+    large = (1.0 - e) / (1.0 + e)
+    t = tl.where(use_small, small, large)
+    s2 = tl.where(use_small, 1.0 - small * small, 4.0 * e / ((1.0 + e) * (1.0 + e)))
+    return t, s2
+
+
+@triton.jit
+def _sqrt(x, F64: tl.constexpr):
+    """Correctly rounded square root (tl.sqrt_rn is float32 only; float64 sqrt is exact)."""
+    if F64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _pi_rho(p, q, row_i, row_j, mask, H, BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
+            F64: tl.constexpr):
+    """pi_ij = p_i . p_j and rho_ij = ||q_i - q_j|| (eq. 13, 14) for a vector of edges."""
+    pi = tl.zeros(row_i.shape, dtype=p.dtype.element_ty)
+    rho2 = tl.zeros(row_i.shape, dtype=p.dtype.element_ty)
+    for hb in tl.static_range(NUM_H_BLOCKS):
+        hc = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        m2 = mask[:, None] & (hc < H)[None, :]
+        off_i = row_i[:, None] * H + hc[None, :]
+        off_j = row_j[:, None] * H + hc[None, :]
+        pi += tl.sum(tl.load(p + off_i, mask=m2, other=0.0) *
+                     tl.load(p + off_j, mask=m2, other=0.0), axis=1)
+        dq = tl.load(q + off_i, mask=m2, other=0.0) - tl.load(q + off_j, mask=m2, other=0.0)
+        rho2 += tl.sum(dq * dq, axis=1)
+    return pi, _sqrt(rho2, F64)
+
+
+@triton.jit
+def _load_tile(ptr, rows, mask, cols, width):
+    """Rows `rows` (int64) of a row-major [*, width] matrix, channels `cols` (masked)."""
+    return tl.load(ptr + rows[:, None] * width + cols[None, :],
+                   mask=mask[:, None] & (cols < width)[None, :], other=0.0)
+
+
+@triton.jit
+def _pi_rho_tile(p_i, q_i, p_j, q_j, F64: tl.constexpr):
+    """pi_ij and rho_ij (eq. 13, 14) from tiles of whole rows (h <= BLOCK_H)."""
+    dq = q_i - q_j
+    return tl.sum(p_i * p_j, axis=1), _sqrt(tl.sum(dq * dq, axis=1), F64)
+
+
+@triton.jit
+def _load_items(item_row, item_start, item_len, item_slot, num_items, pid, done,
+                ROWS: tl.constexpr):
+    """The ROWS items of program `pid`: (row, first edge, length, slot, valid). Once the
+    solve has converged (`done`) the lengths are 0 and the steps only copy."""
+    items = pid * ROWS + tl.arange(0, ROWS)
+    in_range = items < num_items
+    row = tl.load(item_row + items, mask=in_range, other=-1)
+    valid = in_range & (row >= 0)
+    start = tl.load(item_start + items, mask=valid, other=0)
+    length = tl.load(item_len + items, mask=valid, other=0)
+    length = tl.where(done != 0, 0, length)
+    slot = tl.load(item_slot + items, mask=valid, other=-1)
+    return row, start, length, slot, valid
+
+
+@triton.jit
+def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
+                   HAS_RS: tl.constexpr):
+    """out_i = b_i + cy_i y_i + rs_i (W y)_i for whole rows (eq. iter, row form
+    z_i <- x_i + cy_i z_i + ca_i (W Z)_i), or out_i = y_i once converged; returns the tile's
+    ||out - y||^2 and ||out||^2."""
+    r64 = row.to(tl.int64)
+    off = r64[:, None] * D + cols[None, :]
+    m2 = rmask[:, None] & cmask[None, :]
+    y_i = tl.load(y + off, mask=m2, other=0.0)
+    b_i = tl.load(b + off, mask=m2, other=0.0)
+    cy_i = tl.load(cy + r64, mask=rmask, other=0.0)
+    if HAS_RS:
+        o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=rmask, other=0.0)[:, None] * acc
+    else:
+        o = b_i + cy_i[:, None] * y_i + acc
+    o = tl.where(done != 0, y_i, o)
+    tl.store(out + off, o, mask=m2)
+    diff = tl.where(m2, o - y_i, 0.0)
+    o = tl.where(m2, o, 0.0)
+    diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
+    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
+    return diff_sq, out_sq
+
+
+@triton.jit
+def _store_norms(part, index, diff_sq, out_sq):
+    tl.store(part + 2 * index, diff_sq.to(tl.float64))
+    tl.store(part + 2 * index + 1, out_sq.to(tl.float64))
+
+
+# ------------------------------------------------------------------ the row step --
+
+@triton.jit
+def _csr_fma_kernel(item_row, item_start, item_len, item_slot, num_items, col, w, y, b, cy,
+                    rs, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The generic row pass out = b + cy.y + rs.(W y) (laplacian_math.h, forward step with
+    b = x, cy = -kappa ca, rs = ca, W; adjoint step u <- g + cy.u + W^T (ca.u) with the
+    transposed CSR, weights W_ij ca_i and no rs). Whole-row items finish their rows; items of
+    split rows leave (W y) partial sums in `scratch` for :func:`_csr_fma_combine_kernel`."""
+    pid = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    done = tl.load(done_ptr)
+    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
+                                                   num_items, pid, done, ROWS)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
+    # Two edges per step: both gathers are in flight before either is used (a warp issues
+    # in order, so this doubles the bytes it has requested while it waits).
+    for e in range(0, tl.max(length, axis=0), 2):
+        m0 = e < length
+        m1 = e + 1 < length
+        k = start + e
+        j0 = tl.load(col + k, mask=m0, other=0).to(tl.int64)
+        j1 = tl.load(col + k + 1, mask=m1, other=0).to(tl.int64)
+        w0 = tl.load(w + k, mask=m0, other=0.0)
+        w1 = tl.load(w + k + 1, mask=m1, other=0.0)
+        y0 = tl.load(y + j0[:, None] * D + cols[None, :], mask=m0[:, None] & cmask[None, :],
+                     other=0.0)
+        y1 = tl.load(y + j1[:, None] * D + cols[None, :], mask=m1[:, None] & cmask[None, :],
+                     other=0.0)
+        acc += w0[:, None] * y0
+        acc += w1[:, None] * y1
+    whole = valid & (slot < 0)
+    diff_sq, out_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, out, done, D,
+                                     HAS_RS)
+    _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+    split = valid & (slot >= 0)
+    tl.store(scratch + slot.to(tl.int64)[:, None] * D + cols[None, :], acc,
+             mask=split[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _csr_fma_combine_kernel(split_row, split_first, split_count, num_split, y, b, cy, rs, out,
+                            scratch, part, part_offset, done_ptr, D, HAS_RS: tl.constexpr,
+                            ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows longer than one item: (W y)_i = sum of the row's scratch slots in slot order,
+    then the same epilogue as :func:`_csr_fma_kernel`."""
+    pid = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    done = tl.load(done_ptr)
+    rows_here = pid * ROWS + tl.arange(0, ROWS)
+    in_range = rows_here < num_split
+    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    valid = in_range & (row >= 0)
+    first = tl.load(split_first + rows_here, mask=valid, other=0)
+    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    count = tl.where(done != 0, 0, count)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
+    for s in range(0, tl.max(count, axis=0)):
+        smask = s < count
+        acc += tl.load(scratch + (first + s).to(tl.int64)[:, None] * D + cols[None, :],
+                       mask=smask[:, None] & cmask[None, :], other=0.0)
+    diff_sq, out_sq = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, out, done, D,
+                                     HAS_RS)
+    _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+
+
+# ------------------------------------------------------------ the fused neural pass --
+
+@triton.jit
+def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, inv_mu, D):
+    """Fused step of a whole row: ca = 1/(mu chi), cy = -kappa ca with the chi <= kChiFloor
+    guard (laplacian_math.h row_coefficients), z_next_i = x_i + cy z_i + ca (W Z)_i."""
+    chi_i = tl.load(chi + row.to(tl.int64), mask=rmask, other=0.0)
+    diffuses = chi_i > _CHI_FLOOR
+    ca = tl.where(diffuses, inv_mu / tl.where(diffuses, chi_i, 1.0), 0.0)
+    cy = -kappa * ca
+    r64 = row.to(tl.int64)
+    off = r64[:, None] * D + cols[None, :]
+    m2 = rmask[:, None] & cmask[None, :]
+    z_i = tl.load(z + off, mask=m2, other=0.0)
+    x_i = tl.load(x + off, mask=m2, other=0.0)
+    o = x_i + cy[:, None] * z_i + ca[:, None] * acc
+    o = tl.where(done != 0, z_i, o)
+    tl.store(out + off, o, mask=m2)
+    diff = tl.where(m2, o - z_i, 0.0)
+    o = tl.where(m2, o, 0.0)
+    diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
+    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
+    return diff_sq, out_sq
+
+
+@triton.jit
+def _neural_step_kernel(item_row, item_start, item_len, item_slot, num_items, col, a, p, q,
+                        consts, chi, x, z, w_out, kappa_out, out, scratch, scratch_kappa, part,
+                        done_ptr, D, H, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                        NUM_H_BLOCKS: tl.constexpr, TANH_SMALL: tl.constexpr,
+                        F64: tl.constexpr):
+    """The fused forward pass: per edge W_ij = a_ij tanh(1/(rho_ij + eps)) tanh(|pi_ij|)
+    (eq. 13-14, laplacian_math.h neural_edge_weight), written to the weight cache, with
+    kappa_i = sum_j W_ij; with HAS_STEP also the row's step z_next_i = x_i + cy_i z_i +
+    ca_i (W Z)_i in the same sweep. consts = [1/mu, eps] in the data dtype. Programs of the
+    first channel tile write w and kappa; the others recompute the same values."""
+    pid = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    inv_mu = tl.load(consts)
+    eps = tl.load(consts + 1)
+    # The weights are needed even when the solve converged at iteration 1: no `done` here.
+    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
+                                                   num_items, pid, 0, ROWS)
+    row64 = row.to(tl.int64)
+    first_tile = pid_d == 0
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=p.dtype.element_ty)
+    kappa = tl.zeros([ROWS], dtype=p.dtype.element_ty)
+    if NUM_H_BLOCKS == 1:  # the item rows' p_i, q_i stay in registers
+        hc = tl.arange(0, BLOCK_H)
+        p_i = _load_tile(p, row64, valid, hc, H)
+        q_i = _load_tile(q, row64, valid, hc, H)
+    for e in range(0, tl.max(length, axis=0)):
+        emask = e < length
+        k = start + e
+        j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
+        a_k = tl.load(a + k, mask=emask, other=0.0)
+        if NUM_H_BLOCKS == 1:
+            pi, rho = _pi_rho_tile(p_i, q_i, _load_tile(p, j, emask, hc, H),
+                                   _load_tile(q, j, emask, hc, H), F64)
+        else:
+            pi, rho = _pi_rho(p, q, row64, j, emask, H, BLOCK_H, NUM_H_BLOCKS, F64)
+        t, _unused = _tanh_sech2(1.0 / (rho + eps), TANH_SMALL)
+        phi, _unused2 = _tanh_sech2(tl.abs(pi), TANH_SMALL)
+        w_k = a_k * t * phi
+        tl.store(w_out + k, w_k, mask=emask & first_tile)
+        kappa += w_k
+        if HAS_STEP:
+            z_j = tl.load(z + j[:, None] * D + cols[None, :],
+                          mask=emask[:, None] & cmask[None, :], other=0.0)
+            acc += w_k[:, None] * z_j
+    whole = valid & (slot < 0)
+    split = valid & (slot >= 0)
+    slot64 = slot.to(tl.int64)
+    tl.store(kappa_out + row64, kappa, mask=whole & first_tile)
+    tl.store(scratch_kappa + slot64, kappa, mask=split & first_tile)
+    if HAS_STEP:
+        done = tl.load(done_ptr)
+        diff_sq, out_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi, x, z, out,
+                                           done, inv_mu, D)
+        _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+        tl.store(scratch + slot64[:, None] * D + cols[None, :], acc,
+                 mask=split[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _neural_combine_kernel(split_row, split_first, split_count, num_split, consts, chi, x, z,
+                           kappa_out, out, scratch, scratch_kappa, part, part_offset, done_ptr,
+                           D, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """Rows longer than one item of the fused pass: kappa_i and (W Z)_i from the row's
+    scratch slots in slot order, then the epilogue of :func:`_neural_step_kernel`."""
+    pid = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    inv_mu = tl.load(consts)
+    rows_here = pid * ROWS + tl.arange(0, ROWS)
+    in_range = rows_here < num_split
+    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    valid = in_range & (row >= 0)
+    first = tl.load(split_first + rows_here, mask=valid, other=0)
+    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=x.dtype.element_ty)
+    kappa = tl.zeros([ROWS], dtype=x.dtype.element_ty)
+    for s in range(0, tl.max(count, axis=0)):
+        smask = s < count
+        slot = (first + s).to(tl.int64)
+        kappa += tl.load(scratch_kappa + slot, mask=smask, other=0.0)
+        if HAS_STEP:
+            acc += tl.load(scratch + slot[:, None] * D + cols[None, :],
+                           mask=smask[:, None] & cmask[None, :], other=0.0)
+    tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & (pid_d == 0))
+    if HAS_STEP:
+        done = tl.load(done_ptr)
+        diff_sq, out_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi, x, z, out,
+                                           done, inv_mu, D)
+        _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+
+
+# -------------------------------------------------------------- the gradient pass --
+
+# How a gradient pass gets G for the edge (row i, neighbour j) of the CSR it walks:
+GRAD_SYMMETRIC = 0  # symmetric graph, both directions: G_ij + G_ji = (v_i - v_j) . (z_j - z_i)
+GRAD_OUT = 1  # CSR row i, edge (i, j): G_ij = v_i . (z_j - z_i)
+GRAD_IN = 2  # transposed CSR row i, edge (j, i) of the graph: G_ji = v_j . (z_i - z_j)
+GRAD_GIVEN = 3  # per-edge dl/dW given (`gw`, aligned with the CSR walked)
+
+
+@triton.jit
+def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, BLOCK_G: tl.constexpr,
+               NUM_G_BLOCKS: tl.constexpr):
+    """G for a vector of edges as the MODE constants say (laplacian_math.h: dl/dW_ij =
+    v_i . (z_j - z_i), and G_ij + G_ji on symmetric graphs)."""
+    g = tl.zeros(row_i.shape, dtype=v.dtype.element_ty)
+    for cb in tl.static_range(NUM_G_BLOCKS):
+        c = cb * BLOCK_G + tl.arange(0, BLOCK_G)
+        m2 = mask[:, None] & (c < D)[None, :]
+        off_i = row_i[:, None] * D + c[None, :]
+        off_j = row_j[:, None] * D + c[None, :]
+        dz = tl.load(z + off_j, mask=m2, other=0.0) - tl.load(z + off_i, mask=m2, other=0.0)
+        if MODE == 0:
+            vv = tl.load(v + off_i, mask=m2, other=0.0) - tl.load(v + off_j, mask=m2, other=0.0)
+            g += tl.sum(vv * dz, axis=1)
+        elif MODE == 1:
+            g += tl.sum(tl.load(v + off_i, mask=m2, other=0.0) * dz, axis=1)
+        else:
+            g -= tl.sum(tl.load(v + off_j, mask=m2, other=0.0) * dz, axis=1)
+    return g
+
+
+@triton.jit
+def _weight_grad_kernel(item_row, item_start, item_len, item_slot, num_items, col, a, gw, p, q,
+                        z, v, consts, grad_p, grad_q, scratch_p, scratch_q, D, H,
+                        MODE: tl.constexpr, ACCUMULATE: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
+                        BLOCK_G: tl.constexpr, NUM_G_BLOCKS: tl.constexpr,
+                        TANH_SMALL: tl.constexpr, F64: tl.constexpr):
+    """The fused gradient pass (laplacian_math.h, backward): per edge of the walked CSR,
+    G from the adjoint v and the equilibrium z (or given), the partials of
+    neural_edge_weight_partials, cp = G dW/dpi and cq = G dW/drho / rho (0 at rho = 0), and
+    dl/dp_i += cp p_j, dl/dq_i += cq (q_i - q_j). Each row's gradient is summed in its own
+    items (ACCUMULATE adds to what an earlier pass wrote: the transposed half of a directed
+    graph). The output tile is channels [pid_1 BLOCK_H, +BLOCK_H) of p and q."""
+    pid = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    eps = tl.load(consts + 1)
+    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
+                                                   num_items, pid, 0, ROWS)
+    row64 = row.to(tl.int64)
+    hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = hc < H
+    acc_p = tl.zeros([ROWS, BLOCK_H], dtype=p.dtype.element_ty)
+    acc_q = tl.zeros([ROWS, BLOCK_H], dtype=p.dtype.element_ty)
+    cq_sum = tl.zeros([ROWS], dtype=p.dtype.element_ty)
+    # Whole rows that fit one tile stay in registers for the edge loop.
+    if NUM_H_BLOCKS == 1:
+        p_i = _load_tile(p, row64, valid, hc, H)
+        q_i = _load_tile(q, row64, valid, hc, H)
+    if NUM_G_BLOCKS == 1:
+        gc = tl.arange(0, BLOCK_G)
+        if MODE <= 1:
+            v_i = _load_tile(v, row64, valid, gc, D)
+        if MODE <= 2:
+            z_i = _load_tile(z, row64, valid, gc, D)
+    for e in range(0, tl.max(length, axis=0)):
+        emask = e < length
+        k = start + e
+        j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
+        a_k = tl.load(a + k, mask=emask, other=0.0)
+        if MODE == 3:
+            g = tl.load(gw + k, mask=emask, other=0.0)
+        elif NUM_G_BLOCKS == 1:
+            dz = _load_tile(z, j, emask, gc, D) - z_i
+            if MODE == 0:
+                g = tl.sum((v_i - _load_tile(v, j, emask, gc, D)) * dz, axis=1)
+            elif MODE == 1:
+                g = tl.sum(v_i * dz, axis=1)
+            else:
+                g = -tl.sum(_load_tile(v, j, emask, gc, D) * dz, axis=1)
+            g = tl.where(emask, g, 0.0)
+        else:
+            g = _edge_grad(v, z, row64, j, emask, D, MODE, BLOCK_G, NUM_G_BLOCKS)
+        if NUM_H_BLOCKS == 1:
+            p_j = _load_tile(p, j, emask, hc, H)
+            q_j = _load_tile(q, j, emask, hc, H)
+            pi, rho = _pi_rho_tile(p_i, q_i, p_j, q_j, F64)
+        else:
+            pi, rho = _pi_rho(p, q, row64, j, emask, H, BLOCK_H, NUM_H_BLOCKS, F64)
+            m2 = emask[:, None] & hmask[None, :]
+            off_j = j[:, None] * H + hc[None, :]
+            p_j = tl.load(p + off_j, mask=m2, other=0.0)
+            q_j = tl.load(q + off_j, mask=m2, other=0.0)
+        s = 1.0 / (rho + eps)
+        t, t_s2 = _tanh_sech2(s, TANH_SMALL)
+        phi, phi_s2 = _tanh_sech2(tl.abs(pi), TANH_SMALL)
+        sign = tl.where(pi > 0, 1.0, tl.where(pi < 0, -1.0, 0.0))
+        cp = g * (a_k * t * phi_s2 * sign)
+        dw_drho = -a_k * phi * t_s2 * s * s
+        positive = rho > 0
+        cq = tl.where(positive, g * dw_drho / tl.where(positive, rho, 1.0), 0.0)
+        acc_p += cp[:, None] * p_j
+        acc_q += cq[:, None] * q_j
+        cq_sum += cq
+    gq = cq_sum[:, None] * _load_tile(q, row64, valid, hc, H) - acc_q
+    whole = valid & (slot < 0)
+    m_whole = whole[:, None] & hmask[None, :]
+    off = row64[:, None] * H + hc[None, :]
+    if ACCUMULATE:
+        acc_p += tl.load(grad_p + off, mask=m_whole, other=0.0)
+        gq += tl.load(grad_q + off, mask=m_whole, other=0.0)
+    tl.store(grad_p + off, acc_p, mask=m_whole)
+    tl.store(grad_q + off, gq, mask=m_whole)
+    split = valid & (slot >= 0)
+    m_split = split[:, None] & hmask[None, :]
+    s_off = slot.to(tl.int64)[:, None] * H + hc[None, :]
+    tl.store(scratch_p + s_off, acc_p, mask=m_split)
+    tl.store(scratch_q + s_off, gq, mask=m_split)
+
+
+@triton.jit
+def _weight_grad_combine_kernel(split_row, split_first, split_count, num_split, grad_p, grad_q,
+                                scratch_p, scratch_q, H, ACCUMULATE: tl.constexpr,
+                                ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rows longer than one item of the gradient pass: their slots summed in slot order."""
+    pid = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    rows_here = pid * ROWS + tl.arange(0, ROWS)
+    in_range = rows_here < num_split
+    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    valid = in_range & (row >= 0)
+    first = tl.load(split_first + rows_here, mask=valid, other=0)
+    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = hc < H
+    acc_p = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
+    acc_q = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
+    for s in range(0, tl.max(count, axis=0)):
+        m2 = (s < count)[:, None] & hmask[None, :]
+        s_off = (first + s).to(tl.int64)[:, None] * H + hc[None, :]
+        acc_p += tl.load(scratch_p + s_off, mask=m2, other=0.0)
+        acc_q += tl.load(scratch_q + s_off, mask=m2, other=0.0)
+    m_rows = valid[:, None] & hmask[None, :]
+    off = row.to(tl.int64)[:, None] * H + hc[None, :]
+    if ACCUMULATE:
+        acc_p += tl.load(grad_p + off, mask=m_rows, other=0.0)
+        acc_q += tl.load(grad_q + off, mask=m_rows, other=0.0)
+    tl.store(grad_p + off, acc_p, mask=m_rows)
+    tl.store(grad_q + off, acc_q, mask=m_rows)
+
+
+# ------------------------------------------------------------- convergence on device --
+
+@triton.jit
+def _finish_step_kernel(part, num_parts, stats, done_ptr, tol_sq_ptr, BLOCK: tl.constexpr):
+    """After a step: ||out - y||^2 and ||out||^2 summed over the programs' partials in a fixed
+    order (float64); unless the solve had converged, stats = [iterations + 1, residual,
+    relative residual] and done = (residual <= tol ||out||_F)."""
+    offs = tl.arange(0, BLOCK)
+    diff_acc = tl.zeros([BLOCK], dtype=tl.float64)
+    out_acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for s in range(0, num_parts, BLOCK):
+        m = s + offs < num_parts
+        diff_acc += tl.load(part + 2 * (s + offs), mask=m, other=0.0)
+        out_acc += tl.load(part + 2 * (s + offs) + 1, mask=m, other=0.0)
+    diff_sq = tl.sum(diff_acc, axis=0)
+    out_sq = tl.sum(out_acc, axis=0)
+    done = tl.load(done_ptr)
+    running = done == 0
+    res = tl.sqrt(diff_sq)
+    rel = tl.where(out_sq > 0, res / tl.sqrt(tl.where(out_sq > 0, out_sq, 1.0)), 0.0)
+    iters = tl.load(stats)
+    tl.store(stats, iters + 1.0, mask=running)
+    tl.store(stats + 1, res, mask=running)
+    tl.store(stats + 2, rel, mask=running)
+    converged = diff_sq <= tl.load(tol_sq_ptr) * out_sq
+    tl.store(done_ptr, converged.to(tl.int32), mask=running)
+
+
+# ---------------------------------------------------------------------- launchers --
+# All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
+
+def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
+    """out = b + cy.y + rs.(W y) (rs None: 1); fills part (fresh if None) with the residual
+    partial sums of the step and returns it."""
+    n, d = y.shape
+    block_d = _pow2(d, MAX_BLOCK_D)
+    rows = max(4, min(64, 2048 // block_d))
+    warps = _warps(rows, block_d)
+    tiles_d = triton.cdiv(d, block_d)
+    grid = (triton.cdiv(sched.num_items, rows), tiles_d)
+    grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
+    num_parts = (grid[0] + (grid_c[0] if sched.num_split else 0)) * tiles_d
+    if part is None or part.numel() != 2 * num_parts:
+        part = y.new_empty(2 * num_parts, dtype=torch.float64)
+    scratch = y.new_empty(max(sched.num_slots, 1), d)
+    has_rs = rs is not None
+    rs_arg = rs if has_rs else cy
+    _csr_fma_kernel[grid](sched.item_row, sched.item_start, sched.item_len, sched.item_slot,
+                          sched.num_items, col, w, y, b, cy, rs_arg, out, scratch, part, done,
+                          d, HAS_RS=has_rs, ROWS=rows, BLOCK_D=block_d, num_warps=warps)
+    if sched.num_split:
+        _csr_fma_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
+                                        sched.num_split, y, b, cy, rs_arg, out, scratch, part,
+                                        grid[0] * tiles_d, done, d, HAS_RS=has_rs, ROWS=rows,
+                                        BLOCK_D=block_d, num_warps=warps)
+    return part
+
+
+def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, done):
+    """The fused forward pass: writes w_out, kappa_out and, when `out` is given, the step
+    z -> out; returns the residual partial sums (None without a step)."""
+    n, h = p.shape
+    has_step = out is not None
+    d = x.shape[1] if has_step else 1
+    block_d = _pow2(d, MAX_BLOCK_D)
+    block_h = _pow2(h, MAX_BLOCK_H)
+    rows = 16
+    warps = _warps(rows, max(block_d, block_h))
+    tiles_d = triton.cdiv(d, block_d) if has_step else 1
+    grid = (triton.cdiv(sched.num_items, rows), tiles_d)
+    grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
+    part = p.new_empty(2 * (grid[0] + (grid_c[0] if sched.num_split else 0)) * tiles_d,
+                       dtype=torch.float64)
+    scratch = p.new_empty(max(sched.num_slots, 1), d if has_step else 1)
+    scratch_kappa = p.new_empty(max(sched.num_slots, 1))
+    if not has_step:  # placeholders the kernel never touches
+        x = z = out = chi
+        done = part
+    _neural_step_kernel[grid](sched.item_row, sched.item_start, sched.item_len,
+                              sched.item_slot, sched.num_items, col, a, p, q, consts, chi, x, z,
+                              w_out, kappa_out, out, scratch, scratch_kappa, part, done, d, h,
+                              HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d, BLOCK_H=block_h,
+                              NUM_H_BLOCKS=triton.cdiv(h, block_h),
+                              TANH_SMALL=_TANH_SMALL[p.dtype],
+                              F64=p.dtype == torch.float64, num_warps=warps)
+    if sched.num_split:
+        _neural_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
+                                       sched.num_split, consts, chi, x, z, kappa_out, out,
+                                       scratch, scratch_kappa, part, grid[0] * tiles_d, done, d,
+                                       HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d,
+                                       num_warps=_warps(rows, block_d))
+    return part if has_step else None
+
+
+def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z=None, v=None,
+                gw=None):
+    """One gradient pass over the CSR of `sched` (mode: GRAD_*), writing or (accumulate)
+    adding dl/dp, dl/dq."""
+    n, h = p.shape
+    d = z.shape[1] if z is not None else 1
+    block_h = _pow2(h, MAX_BLOCK_H)
+    block_g = _pow2(d, MAX_BLOCK_G)
+    rows = 16
+    warps = _warps(rows, max(block_h, block_g))
+    tiles_h = triton.cdiv(h, block_h)
+    grid = (triton.cdiv(sched.num_items, rows), tiles_h)
+    scratch_p = p.new_empty(max(sched.num_slots, 1), h)
+    scratch_q = p.new_empty(max(sched.num_slots, 1), h)
+    z_arg = z if z is not None else p
+    v_arg = v if v is not None else p
+    gw_arg = gw if gw is not None else a
+    _weight_grad_kernel[grid](sched.item_row, sched.item_start, sched.item_len, sched.item_slot,
+                              sched.num_items, col, a, gw_arg, p, q, z_arg, v_arg, consts,
+                              grad_p, grad_q, scratch_p, scratch_q, d, h, MODE=mode,
+                              ACCUMULATE=accumulate, ROWS=rows, BLOCK_H=block_h,
+                              NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
+                              NUM_G_BLOCKS=triton.cdiv(d, block_g),
+                              TANH_SMALL=_TANH_SMALL[p.dtype],
+                              F64=p.dtype == torch.float64, num_warps=warps)
+    if sched.num_split:
+        grid_c = (triton.cdiv(sched.num_split, rows), tiles_h)
+        _weight_grad_combine_kernel[grid_c](sched.split_row, sched.split_first,
+                                            sched.split_count, sched.num_split, grad_p, grad_q,
+                                            scratch_p, scratch_q, h, ACCUMULATE=accumulate,
+                                            ROWS=rows, BLOCK_H=block_h,
+                                            num_warps=_warps(rows, block_h))
+
+
+def finish_step(part, stats, done, tol_sq):
+    """Folds a step's residual partials into the solve's stats and done flag (on device)."""
+    _finish_step_kernel[(1,)](part, part.numel() // 2, stats, done, tol_sq, BLOCK=1024,
+                              num_warps=4)
+
+
+# True when the kernels above were defined under TRITON_INTERPRET=1: they then run on CPU
+# tensors, in NumPy, slowly (for tests). (What triton.jit returned says it in every version.)
+INTERPRETED = not isinstance(_csr_fma_kernel, triton.runtime.jit.JITFunction)

@@ -1,0 +1,143 @@
+"""Every torch.ops.dignn op on one graph, run by a GPU implementation and by the CPU kernels.
+
+Shared by tests/test_cuda.py (the CUDA kernels on a GPU) and tests/test_cuda_emulated.py (the
+same kernels run by the host emulator of csrc/cuda/simt.cuh). A *runner* is a function
+``run(op_name, *args) -> tuple of CPU tensors`` that moves the CPU arguments to its device,
+calls the op there and brings the outputs back.
+"""
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels.graph import transpose_csr
+from conftest import make_graph, rel_err
+
+OP_NAMES = ["neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
+            "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
+            "implicit_diffusion", "implicit_diffusion_backward"]
+
+
+def hub_graph(n=400, directed=None, seed=0, extra=3):
+    """A graph whose node 0 is linked with every other node (row 0 has n - 1 neighbours, far
+    beyond one work item of the GPU kernels) plus `extra` random edges per node.
+    directed=None: both ways; "in": only j -> 0 (row 0 of the CSR is heavy); "out": only
+    0 -> j (row 0 of the transposed CSR is heavy)."""
+    g = torch.Generator().manual_seed(seed)
+    others = torch.arange(1, n)
+    hub = torch.zeros_like(others)
+    into = torch.stack([others, hub])  # j -> 0: row 0 aggregates from every j
+    e = torch.randint(0, n, (2, extra * n), generator=g)
+    e = e[:, e[0] != e[1]]
+    if directed is None:
+        ei = torch.cat([into, into.flip(0), e, e.flip(0)], dim=1)
+    elif directed == "in":
+        ei = torch.cat([into, e], dim=1)
+    else:
+        ei = torch.cat([into.flip(0), e], dim=1)
+    return ei
+
+
+class OpInputs:
+    """CPU inputs of every op for one graph: CSR, transposed CSR, features and projections."""
+
+    def __init__(self, edge_index, n, d, h, dtype, seed=0, edge_weight=None, zero_chi_rows=False,
+                 col_dtype=torch.int32):
+        gen = torch.Generator().manual_seed(seed + 1)
+        self.graph = g = dk.build_graph(edge_index, n, edge_weight)
+        self.rowptr = g.rowptr
+        self.col = g.col.to(col_dtype)
+        self.symmetric = g.symmetric
+        t = transpose_csr(g.rowptr, g.col, n)
+        self.t = (t[0], t[1].to(col_dtype), t[2])
+        self.t_opt = (None, None, None) if g.symmetric else self.t
+        self.a, deg = g.values(dtype)
+        rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)  # noqa: E731
+        self.x, self.z, self.v, self.g = rnd(n, d), rnd(n, d), rnd(n, d), rnd(n, d)
+        self.p, self.q = 0.5 * rnd(n, h), 0.5 * rnd(n, h)
+        self.chi = deg * torch.tanh(self.p.norm(dim=1))
+        if zero_chi_rows:
+            self.chi[::5] = 0.0
+        self.cy, self.rs = rnd(n), rnd(n)
+        self.grad_w = rnd(self.col.numel())
+        self.mu, self.eps = 3.0, 1e-6
+        self.w, self.kappa = torch.ops.dignn.neural_edge_weights(self.rowptr, self.col, self.a,
+                                                                 self.p, self.q, self.eps)
+        self.t_w = self.w[self.t[2]]
+
+    def calls(self, max_iter=8, tol=0.0):
+        """(op name, args) for every op, with the variants that take other kernel paths."""
+        s = self
+        rp, cl, t, to = s.rowptr, s.col, s.t, s.t_opt
+        solve = (s.mu, s.eps, max_iter, tol)
+        z_star = torch.ops.dignn.implicit_diffusion(rp, cl, s.a, s.x, s.chi, s.p, s.q, None,
+                                                    *solve, *to)[0]
+        w_sym, kappa_sym = s.graph.fixed_laplacian("sym", s.x.dtype)[0], None
+        out = [
+            ("neural_edge_weights", (rp, cl, s.a, s.p, s.q, s.eps)),
+            ("neural_edge_weights_backward", (rp, cl, s.a, s.p, s.q, s.eps, s.grad_w, *t)),
+            ("neural_diffusion_step", (rp, cl, s.a, s.p, s.q, s.chi, s.x, s.z, s.mu, s.eps)),
+            ("diffusion_step", (rp, cl, s.w, s.chi, s.kappa, s.x, s.z, s.mu)),
+            ("adjoint_step", (t[0], t[1], s.t_w, s.chi, s.kappa, s.g, s.z, s.mu)),
+            ("csr_fma", (rp, cl, s.w, s.z, s.x, s.cy, s.rs)),
+            ("neural_weight_grad", (rp, cl, s.a, s.p, s.q, s.z, s.v, s.eps, *to)),
+            ("implicit_diffusion", (rp, cl, s.a, s.x, s.chi, s.p, s.q, None, *solve, *to)),
+            ("implicit_diffusion", (rp, cl, w_sym, s.x, s.chi, None, None, kappa_sym, *solve,
+                                    *to)),
+            ("implicit_diffusion", (rp, cl, s.w, s.x, s.chi, None, None, s.kappa, *solve, *to)),
+            ("implicit_diffusion_backward", (rp, cl, s.a, s.w, s.kappa, *to, s.x, s.chi, s.p,
+                                             s.q, z_star, s.g, *solve)),
+            ("implicit_diffusion_backward", (rp, cl, s.w, s.w, s.kappa, *to, s.x, s.chi, None,
+                                             None, z_star, s.g, *solve)),
+        ]
+        if s.symmetric:  # the transposed path of the gradient pass on a symmetric graph too
+            out.append(("neural_weight_grad", (rp, cl, s.a, s.p, s.q, s.z, s.v, s.eps, *t)))
+        return out
+
+
+def cpu_run(name, *args):
+    out = getattr(torch.ops.dignn, name)(*args)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def check_stats(got, want, dtype, where):
+    """[iterations, ||Z_t - Z_t-1||, relative]: the same count; residuals equal up to the
+    rounding of the last step (relative to ||Z_t||, as they are differences of iterates)."""
+    assert got[0] == want[0], f"{where}: iterations {got.tolist()} vs {want.tolist()}"
+    res, rel = float(want[1]), float(want[2])
+    norm = res / rel if rel > 0 else 0.0
+    eps = 1e-13 if dtype == torch.float64 else 1e-5
+    assert abs(float(got[1]) - res) <= 1e-6 * res + eps * norm, \
+        f"{where}: {got.tolist()} vs {want.tolist()}"
+    assert abs(float(got[2]) - rel) <= 1e-6 * rel + eps, \
+        f"{where}: {got.tolist()} vs {want.tolist()}"
+
+
+def check_against_cpu(run, inputs, max_iter=8, tol=0.0, context=""):
+    """Runs every op with `run` and with the CPU kernels and compares the outputs: close for
+    float64 and float32 values, equal iteration counts, close residuals."""
+    dtype = inputs.x.dtype
+    value_tol = 1e-12 if dtype == torch.float64 else 5e-5
+    for name, args in inputs.calls(max_iter, tol):
+        got = run(name, *args)
+        want = cpu_run(name, *args)
+        assert len(got) == len(want), (context, name)
+        for k, (a, b) in enumerate(zip(got, want)):
+            where = f"{context} {name} output {k}"
+            assert a.shape == b.shape and a.dtype == b.dtype, where
+            assert a.device.type == "cpu", where
+            if name.startswith("implicit_diffusion") and k == len(want) - 1:  # stats
+                check_stats(a, b, dtype, where)
+                continue
+            assert torch.isfinite(a).all(), where
+            err = rel_err(a, b)
+            assert err < value_tol, f"{where}: relative error {err:.3g}"
+
+
+# Graph kinds of conftest.make_graph plus heavy-row graphs; (n, d, h) per case.
+def graph_case(kind, n=24, d=5, h=4, dtype=torch.float64, seed=0, col_dtype=torch.int32):
+    if kind.startswith("hub"):
+        directed = {"hub": None, "hub_in": "in", "hub_out": "out"}[kind]
+        ei = hub_graph(n, directed, seed)
+        return OpInputs(ei, n, d, h, dtype, seed, col_dtype=col_dtype)
+    x, ei, w = make_graph(kind, n=n, d=d, seed=seed, dtype=dtype)
+    return OpInputs(ei, x.size(0), d, h, dtype, seed, edge_weight=w,
+                    zero_chi_rows=kind == "zero_rows", col_dtype=col_dtype)

@@ -1,0 +1,154 @@
+"""The CUDA kernels' logic, tested where there is no GPU.
+
+The kernels and the host code of the CUDA ops (csrc/cuda/) are compiled a second time for the
+host emulator of csrc/cuda/simt.cuh: every CUDA thread of a block an OS thread, warp shuffles
+through per-group barriers, blocks one after another. That runs the same indexing, sub-warp
+groups, channel vectors, heavy-row splits and combines, fixed-order norm reductions and
+device-side convergence flag as on a GPU, on CPU tensors, and compares every op with the CPU
+kernels. What it cannot show (speed, memory-model subtleties, CUDA graphs) is in test_cuda.py.
+"""
+import hashlib
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import GRAPH_KINDS, rel_err
+from gpu_op_cases import check_against_cpu, graph_case
+
+ROOT = Path(__file__).resolve().parents[1]
+CSRC = ROOT / "csrc"
+EMULATION_SOURCE = ROOT / "tests" / "cuda_emulation" / "emulated_ops.cpp"
+
+
+def _sources():
+    files = sorted((CSRC / "cuda").glob("*")) + [CSRC / "dignn" / "laplacian_math.h",
+                                                CSRC / "ops" / "checks.h", EMULATION_SOURCE]
+    return [f for f in files if f.is_file()]
+
+
+@pytest.fixture(scope="module")
+def emu():
+    """The emulated ops, built once per version of the sources (torch's JIT cache only hashes
+    the listed source, not the headers it includes, so the name carries a hash of all)."""
+    from torch.utils.cpp_extension import load
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in _sources())).hexdigest()[:12]
+    name = f"dignn_emulated_{digest}"
+    build = Path(tempfile.gettempdir()) / name
+    build.mkdir(exist_ok=True)
+    return load(name, [str(EMULATION_SOURCE)], extra_include_paths=[str(CSRC)],
+                extra_cflags=["-O1"], build_directory=str(build))
+
+
+def runner(emu):
+    def run(name, *args):
+        out = getattr(emu, name)(*args)
+        return out if isinstance(out, tuple) else (out,)
+    return run
+
+
+@pytest.mark.parametrize("kind", GRAPH_KINDS)
+def test_every_op_matches_cpu(emu, kind):
+    check_against_cpu(runner(emu), graph_case(kind), context=kind)
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed", "zero_rows"])
+def test_every_op_matches_cpu_float32(emu, kind):
+    """float32 with 16-byte channel vectors (d, h multiples of 4)."""
+    check_against_cpu(runner(emu), graph_case(kind, d=8, h=4, dtype=torch.float32),
+                      context=kind)
+
+
+@pytest.mark.parametrize("d,h,dtype", [
+    (1, 1, torch.float64),      # groups of 4 lanes, mostly idle
+    (64, 64, torch.float32),    # the benchmark's shape: float4, groups of 8
+    (16, 128, torch.float32),   # group size set by h
+    (300, 8, torch.float32),    # d spans two channel blocks of a 32-lane group
+    (8, 300, torch.float32),    # h spans two channel blocks: edge scalars via scratch
+    (70, 66, torch.float64),    # double: both wider than a block
+    (6, 10, torch.float32),     # float32 that is not a multiple of 4: scalar channels
+])
+def test_channel_layouts(emu, d, h, dtype):
+    check_against_cpu(runner(emu), graph_case("directed", n=30, d=d, h=h, dtype=dtype),
+                      max_iter=4, context=f"d={d} h={h} {dtype}")
+
+
+@pytest.mark.parametrize("kind", ["hub", "hub_in", "hub_out"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_heavy_rows(emu, kind, dtype):
+    """Rows of several work items (segments combined in order) in the CSR, the transposed
+    CSR, or both."""
+    n = 40
+    assert n - 1 > 4 * emu.segment_edges  # the hub row is split into 5 segments
+    check_against_cpu(runner(emu), graph_case(kind, n=n, d=8, h=8, dtype=dtype),
+                      max_iter=4, context=kind)
+
+
+def test_int64_columns(emu):
+    check_against_cpu(runner(emu), graph_case("hub_in", n=30, col_dtype=torch.int64),
+                      max_iter=3)
+
+
+def test_unaligned_rows_use_scalar_channels(emu):
+    """A feature view 4 bytes past a 16-byte boundary cannot take float4 loads."""
+    case = graph_case("symmetric", n=20, d=8, h=4, dtype=torch.float32)
+    n = case.x.size(0)
+    base = torch.randn(n * 8 + 1)
+    x = base[1:].view(n, 8)
+    assert x.data_ptr() % 16 != 0
+    x.copy_(case.x)
+    args = (case.rowptr, case.col, case.a, case.p, case.q, case.chi, x, case.z, 3.0, 1e-6)
+    got = emu.neural_diffusion_step(*args)
+    want = torch.ops.dignn.neural_diffusion_step(*args)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 5e-6
+
+
+@pytest.mark.parametrize("tol", [1e-3, 1e-9])
+@pytest.mark.parametrize("kind", ["symmetric", "directed"])
+def test_convergence_on_device(emu, kind, tol):
+    """Steps after the device flag is set carry the result: same iterations, result and stats
+    as the CPU solve, which stops there."""
+    check_against_cpu(runner(emu), graph_case(kind), max_iter=40, tol=tol, context=kind)
+
+
+@pytest.mark.parametrize("max_iter", [1, 2])
+def test_short_solves(emu, max_iter):
+    check_against_cpu(runner(emu), graph_case("hub", n=30, d=3, h=2), max_iter=max_iter)
+
+
+def test_zero_features_converge_at_once(emu):
+    """x = 0: converged after iteration 1 (0 <= tol^2 0), W and kappa still made."""
+    case = graph_case("symmetric")
+    x = torch.zeros_like(case.x)
+    args = (case.rowptr, case.col, case.a, x, case.chi, case.p, case.q, None, 3.0, 1e-6, 6, 0.0)
+    z, w, kappa, stats = emu.implicit_diffusion(*args, None, None, None)
+    zc, wc, kc, sc = torch.ops.dignn.implicit_diffusion(*args)
+    assert torch.equal(z, zc) and torch.equal(stats, sc) and stats[0] == 1
+    assert rel_err(w, wc) < 1e-14 and rel_err(kappa, kc) < 1e-14
+
+
+def test_repeatable_bitwise(emu):
+    """No output depends on memory the kernels did not write (a second run, with the caching
+    allocator handing out other buffers, gives the same bits)."""
+    case = graph_case("hub", n=40, d=8, h=8, dtype=torch.float32)
+    run = runner(emu)
+    for name, args in case.calls(max_iter=4):
+        first = run(name, *args)
+        torch.randn(10_000)  # disturb the allocator
+        second = run(name, *args)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b), name
+
+
+def test_argument_errors(emu):
+    case = graph_case("symmetric")
+    with pytest.raises(RuntimeError, match="mu must be > 0"):
+        emu.implicit_diffusion(case.rowptr, case.col, case.a, case.x, case.chi, case.p, case.q,
+                               None, 0.0, 1e-6, 5, 0.0, None, None, None)
+    with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
+        emu.neural_weight_grad(case.rowptr, case.col, case.a, case.p, case.q, case.z, case.v,
+                               1e-6, case.rowptr, None, None)
+    with pytest.raises(RuntimeError, match="q must have dtype"):
+        emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)

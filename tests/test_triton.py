@@ -1,0 +1,656 @@
+"""The Triton backend: every kernel against the CPU ops, dense formulas and the paper reference;
+the layer with backend="triton" against backend="cpu"; the device-side solve loop; opcheck.
+
+Each test runs on the devices the kernels can use in this session: on the CPU in Triton's
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when no GPU is present) and on CUDA
+(marker ``cuda``, skipped without a GPU). The interpreter runs a kernel in NumPy, program by
+program, so the graphs here are small; EDGE_CHUNK is lowered in some cases so that small
+graphs have rows split into several work items (the heavy-row path), and the shapes include
+odd widths and widths over one tile (the masking and tiling paths).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels import composed, ops, reference
+from dignn_kernels import triton_kernels as tk
+from conftest import make_graph, make_layer, rel_err, thetas
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="interpreter"),
+                        pytest.param("cuda", id="cuda", marks=cuda_only)])
+def device(request):
+    if request.param == "cpu" and not tk.available("cpu"):
+        pytest.skip("the Triton kernels were compiled for the GPU in this session "
+                    "(TRITON_INTERPRET unset); these checks run on CUDA (marker cuda)")
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def chunk(request, monkeypatch):
+    """EDGE_CHUNK for the test (indirect parametrization; default: the module's)."""
+    value = getattr(request, "param", tk.EDGE_CHUNK)
+    monkeypatch.setattr(tk, "EDGE_CHUNK", value)
+    return value
+
+
+def hub_graph(n=80, seed=0):
+    """A symmetric graph whose node 0 is joined to nodes 1 .. n - 4 (degree 76 for n = 80,
+    more than the default EDGE_CHUNK), plus a sparse random part; the last 3 nodes are
+    isolated."""
+    g = torch.Generator().manual_seed(seed)
+    others = torch.arange(1, n - 3)
+    e = torch.randint(1, n - 3, (2, n), generator=g)
+    e = e[:, e[0] != e[1]]
+    star = torch.stack([torch.zeros_like(others), others])
+    ei = torch.cat([star, e], dim=1)
+    return torch.cat([ei, ei.flip(0)], dim=1)
+
+
+def graph_inputs(kind, n=20, d=5, h=3, dtype=torch.float64, seed=0):
+    """(graph, x, p, q, a, chi) on the CPU; kinds of conftest.make_graph plus 'hub'."""
+    if kind == "hub":
+        ei, w = hub_graph(n, seed), None
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    else:
+        x, ei, w = make_graph(kind, n=n, d=d, dtype=dtype, seed=seed)
+    g = dk.build_graph(ei, x.size(0), w)
+    gen = torch.Generator().manual_seed(seed + 1)
+    p = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
+    q = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
+    a, deg = g.values(dtype)
+    chi = deg * torch.tanh(p.norm(dim=1))
+    if kind == "zero_rows":
+        chi[::5] = 0.0  # the guard
+    return g, x, p, q, a, chi
+
+
+def to(device, *tensors):
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
+
+
+def transposed_or_none(g):
+    t = g.transposed()
+    return t if t is not None else (None, None, None)
+
+
+def dense_w(g, w):
+    n = g.num_nodes
+    return torch.zeros(n, n, dtype=w.dtype).index_put_((g.rows(), g.col.long()), w.cpu(),
+                                                       accumulate=True)
+
+
+def tol_for(dtype):
+    return 1e-13 if dtype == torch.float64 else 2e-6
+
+
+# ------------------------------------------------------------------------ schedule --
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+def test_schedule_covers_every_edge_once(chunk_size):
+    """Work items: every edge in exactly one item of at most `chunk` edges, one item per empty
+    row, items sorted longest first, split rows' slots contiguous and disjoint."""
+    g, *_ = graph_inputs("hub", n=80)
+    rowptr = g.rowptr
+    n, m = g.num_nodes, g.num_edges
+    s = tk.build_schedule(rowptr, m, chunk_size)
+    row, start, length, slot = s.item_row, s.item_start, s.item_len.long(), s.item_slot
+    real = row >= 0
+    assert bool((length <= chunk_size).all()) and bool((length[:-1] >= length[1:]).all())
+    covered = torch.zeros(m, dtype=torch.long)
+    for r, st, ln in zip(row[real].tolist(), start[real].tolist(), length[real].tolist()):
+        assert rowptr[r] <= st and st + ln <= rowptr[r + 1]
+        covered[st:st + ln] += 1
+    assert bool((covered == 1).all())
+    deg = rowptr[1:] - rowptr[:-1]
+    items_per_row = torch.bincount(row[real], minlength=n)
+    assert torch.equal(items_per_row, torch.clamp_min(-(-deg // chunk_size), 1))
+    assert bool((slot[real & (items_per_row[row.clamp_min(0)] == 1)] == -1).all())
+    split_rows = s.split_row[s.split_row >= 0]
+    assert split_rows.numel() >= 1  # the hub (degree 76) is split even at chunk 64
+    assert sorted(split_rows.tolist()) == torch.nonzero(items_per_row > 1).flatten().tolist()
+    used = []
+    for r, f, c in zip(s.split_row.tolist(), s.split_first.tolist(), s.split_count.tolist()):
+        if r < 0:
+            continue
+        assert sorted(slot[row == r].tolist()) == list(range(f, f + c))
+        used += list(range(f, f + c))
+    assert len(used) == len(set(used)) and all(0 <= u < s.num_slots for u in used)
+
+
+def test_schedule_of_a_graph_without_edges():
+    rowptr = torch.zeros(5, dtype=torch.int64)
+    s = tk.build_schedule(rowptr, 0, 64)
+    assert s.num_items == 4 and s.num_split == 0
+    assert sorted(s.item_row.tolist()) == [0, 1, 2, 3] and bool((s.item_len == 0).all())
+
+
+# -------------------------------------------------------------------------- kernels --
+
+PASS_CASES = [  # kind, n, d, h, dtype, chunk
+    ("symmetric", 20, 5, 3, torch.float64, 64),
+    ("directed", 20, 5, 3, torch.float64, 3),
+    ("zero_rows", 20, 7, 5, torch.float32, 3),
+    ("isolated", 20, 1, 1, torch.float64, 2),
+    ("self_loops", 20, 4, 2, torch.float32, 64),
+    ("hub", 80, 3, 2, torch.float32, 64),  # a row of 76 edges: two items at the default
+    ("directed", 12, 131, 67, torch.float64, 4),  # two channel tiles, two metric blocks
+]
+
+
+@pytest.mark.parametrize("kind,n,d,h,dtype,chunk", PASS_CASES, indirect=["chunk"],
+                         ids=[f"{c[0]}-d{c[2]}-h{c[3]}-{str(c[4])[6:]}-c{c[5]}"
+                              for c in PASS_CASES])
+def test_passes_match_cpu_ops_and_dense(device, kind, n, d, h, dtype, chunk):
+    """Every pass against the compiled CPU op and against the dense formulas."""
+    g, x, p, q, a, chi = graph_inputs(kind, n=n, d=d, h=h, dtype=dtype)
+    mu, tol = 2.2, tol_for(dtype)
+    gen = torch.Generator().manual_seed(5)
+    z, v, y = (torch.randn(x.shape, generator=gen, dtype=dtype) for _ in range(3))
+    cy, rs = (torch.randn(g.num_nodes, generator=gen, dtype=dtype) for _ in range(2))
+    t = g.transposed() or dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
+    dev = lambda *ts: to(device, *ts)  # noqa: E731
+    rp, cl, ad, pd, qd, chid, xd, zd, vd = dev(g.rowptr, g.col, a, p, q, chi, x, z, v)
+
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, 1e-6)
+    tw, tkappa = tk.neural_edge_weights(rp, cl, ad, pd, qd, 1e-6)
+    assert rel_err(tw.cpu(), w) < tol and rel_err(tkappa.cpu(), kappa) < tol
+
+    # the forward step, fused and with cached weights, vs x - Delta z / mu (eq. iter)
+    wd = dense_w(g, w)
+    guard = chi > reference.CHI_FLOOR
+    inv_chi = torch.where(guard, 1 / torch.where(guard, chi, torch.ones_like(chi)),
+                          torch.zeros_like(chi))
+    delta = inv_chi[:, None] * (torch.diag(kappa) - wd)
+    want = x - delta @ z / mu
+    fused, fw, fkappa = tk.neural_diffusion_step(rp, cl, ad, pd, qd, chid, xd, zd, mu)
+    assert rel_err(fused.cpu(), want) < 10 * tol
+    assert rel_err(fused.cpu(), ops.neural_diffusion_step(g.rowptr, g.col, a, p, q, chi, x, z,
+                                                          mu)[0]) < tol
+    assert torch.equal(fw, tw) and torch.equal(fkappa, tkappa)
+    cached = tk.diffusion_step(rp, cl, *dev(w, chi, kappa), xd, zd, mu)
+    assert rel_err(cached.cpu(), want) < 10 * tol
+    assert rel_err(cached.cpu(), ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, z,
+                                                    mu)) < tol
+
+    # the adjoint step on the CSR of W^T: g - Delta^T u / mu
+    adj = tk.adjoint_step(*dev(t[0], t[1], w[t[2]], chi, kappa), xd, zd, mu)
+    assert rel_err(adj.cpu(), x - delta.T @ z / mu) < 10 * tol
+    assert rel_err(adj.cpu(), ops.adjoint_step(t[0], t[1], w[t[2]], chi, kappa, x, z,
+                                               mu)) < tol
+
+    # the generic row pass
+    fma = tk.csr_fma(rp, cl, *dev(w, y, x, cy, rs))
+    assert rel_err(fma.cpu(), x + cy[:, None] * y + rs[:, None] * (wd @ y)) < 10 * tol
+    assert rel_err(fma.cpu(), ops.csr_fma(g.rowptr, g.col, w, y, x, cy, rs)) < tol
+
+    # the gradient pass: in-row on symmetric graphs, and with the transposed CSR
+    for tr in ([transposed_or_none(g)] + ([t] if g.symmetric else [])):
+        got = tk.neural_weight_grad(rp, cl, ad, pd, qd, zd, vd, 1e-6, *dev(*tr))
+        want_g = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v, 1e-6, *tr)
+        for a_, b_ in zip(got, want_g):
+            assert rel_err(a_.cpu(), b_) < 10 * tol
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed", "self_loops"])
+def test_weight_grad_matches_autograd(device, kind):
+    """The fused gradient pass equals autograd through the edge weights (composed from the
+    paper's formulas) with dl/dW_ij = v_i . (z_j - z_i)."""
+    g, x, p, q, a, chi = graph_inputs(kind)
+    z, v = torch.randn_like(x), torch.randn_like(x)
+    pr, qr = p.clone().requires_grad_(), q.clone().requires_grad_()
+    w = composed.composed_edge_weights(g, a, pr, qr, 1e-6)
+    rows, cols = g.rows(), g.col.long()
+    gp, gq = torch.autograd.grad((w * (v[rows] * (z[cols] - z[rows])).sum(1)).sum(), [pr, qr])
+    got_p, got_q = tk.neural_weight_grad(*to(device, g.rowptr, g.col, a, p, q, z, v), 1e-6,
+                                         *to(device, *transposed_or_none(g)))
+    assert rel_err(got_p.cpu(), gp) < 1e-12 and rel_err(got_q.cpu(), gq) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "directed"])
+def test_edge_weights_gradcheck(device, kind):
+    g, x, p, q, a, chi = graph_inputs(kind, n=10, h=2)
+    rp, cl, ad = to(device, g.rowptr, g.col, a)
+    p, q = (t.to(device).requires_grad_() for t in (p, q))
+    assert torch.autograd.gradcheck(
+        lambda p, q: tk.neural_edge_weights(rp, cl, ad, p, q, 1e-6), (p, q), fast_mode=True)
+
+
+def test_float32_edge_math_is_accurate(device):
+    """tanh and 1 - tanh^2 in float32 (odd series below 0.625, exp form above) within a few
+    ulp of float64, for arguments from 1e-6 to 1e4 (h = 1: the dot products are exact). On
+    CUDA Triton's float32 exp is ex2.approx of x log2(e) (about 2 ulp more), hence the
+    looser bound there."""
+    bound = 6e-7 if device.type == "cpu" else 2e-6
+    n = 1000
+    g = dk.build_graph(torch.stack([torch.arange(n), torch.arange(n).roll(1)]), n)
+    gen = torch.Generator().manual_seed(0)
+    mags = 10 ** (torch.rand(n, 1, generator=gen) * 5 - 3)
+    signs = torch.where(torch.rand(n, 1, generator=gen) < 0.5, -1.0, 1.0)
+    p = (mags * signs).float()
+    q = (10 ** (torch.rand(n, 1, generator=gen) * 7 - 5)).float()
+    a = torch.ones(n)
+    rp, cl = to(device, g.rowptr, g.col)
+    w32, _ = tk.neural_edge_weights(rp, cl, *to(device, a, p, q), 1e-6)
+    w64, _ = ops.neural_edge_weights(g.rowptr, g.col, a.double(), p.double(), q.double(), 1e-6)
+    assert float(((w32.cpu().double() - w64).abs() / w64.abs()).max()) < bound
+    z, v = torch.randn(n, 3, generator=gen), torch.randn(n, 3, generator=gen)
+    gp32, gq32 = tk.neural_weight_grad(rp, cl, *to(device, a, p, q, z, v), 1e-6)
+    gp64, gq64 = ops.neural_weight_grad(g.rowptr, g.col, a.double(), p.double(), q.double(),
+                                        z.double(), v.double(), 1e-6)
+    assert rel_err(gp32.cpu(), gp64) < 2 * bound and rel_err(gq32.cpu(), gq64) < 2 * bound
+
+
+# ---------------------------------------------------------------------- the solves --
+
+@pytest.mark.parametrize("kind,neural,chunk", [("symmetric", True, 64), ("directed", True, 3),
+                                               ("zero_rows", True, 3), ("weighted", False, 3),
+                                               ("directed", False, 64)],
+                         indirect=["chunk"])
+def test_implicit_diffusion_matches_cpu_op(device, kind, neural, chunk):
+    """Forward solve and implicit backward of the op against the compiled CPU op: same
+    iterates, same stats (forward and adjoint), same gradients."""
+    g, x, p, q, a, chi = graph_inputs(kind, n=24, d=6, h=4)
+    t = transposed_or_none(g)
+    if neural:
+        value, extra = a, (p, q, None)
+    else:
+        value, _, kappa = g.fixed_laplacian("rw", torch.float64)
+        value, chi, extra = value, g.degree.double(), (None, None, kappa)
+    leaves = [x, chi] + ([p, q] if neural else [])
+    grad_out = torch.randn_like(x)
+    results = []
+    for dev, impl in ((torch.device("cpu"), ops), (device, tk)):
+        inputs = [u.to(dev).requires_grad_() for u in leaves]
+        xr, chir = inputs[:2]
+        pq = inputs[2:] if neural else [None, None]
+        z, stats = impl.implicit_diffusion(
+            *to(dev, g.rowptr, g.col, value), xr, chir, *pq, *to(dev, extra[2]), mu=3.0,
+            max_iter=9, tol=1e-10, t_rowptr=to(dev, t[0])[0], t_col=to(dev, t[1])[0],
+            t_perm=to(dev, t[2])[0])
+        grads = torch.autograd.grad(z, inputs, grad_out.to(dev))
+        results.append((z, stats, impl.backward_stats(stats), grads))
+    (z0, s0, b0, g0), (z1, s1, b1, g1) = results
+    assert s1.device == device
+    assert rel_err(z1.cpu(), z0) < 1e-13
+    assert s1.cpu()[0] == s0[0] == 9 and torch.allclose(s1.cpu(), s0, rtol=1e-10)
+    assert b1 is not None and b1.cpu()[0] == b0[0] == 9
+    assert torch.allclose(b1.cpu(), b0, rtol=1e-10)
+    for a_, b_ in zip(g1, g0):
+        assert rel_err(a_.cpu(), b_) < 1e-12
+
+
+def test_solve_stops_on_the_device(device, monkeypatch):
+    """The convergence flag: with a loose tol the solve stops where the CPU loop stops (the
+    later steps only copy), max_iter = 1 returns x (and still the weights), tol = 0 runs
+    every iteration."""
+    g, x, p, q, a, chi = graph_inputs("symmetric", n=24, d=6, h=4)
+    args_cpu = (g.rowptr, g.col, a, x, chi, p, q)
+    args_dev = to(device, *args_cpu)
+    iterations = []
+    for max_iter, tol in ((40, 1e-3), (40, 1e-7), (1, 1e-6), (6, 0.0)):
+        z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=max_iter, tol=tol)
+        z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=max_iter, tol=tol)
+        assert s1.cpu()[0] == s0[0], (max_iter, tol)
+        assert rel_err(z1.cpu(), z0) < 1e-13 and torch.allclose(s1.cpu(), s0, rtol=1e-9)
+        iterations.append(int(s1[0]))
+    assert 2 < iterations[0] < iterations[1] < 17 and iterations[2:] == [1, 6]
+    z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=1)
+    assert torch.equal(z1.cpu(), x) and float(s1[0]) == 1
+    # a long solve stops launching within CHECK_EVERY steps of converging (the host reads
+    # the device's flag once per CHECK_EVERY steps), and never reads it with CHECK_EVERY = 0
+    steps = []
+    jit = tk._jit()
+    finish = jit.finish_step
+    monkeypatch.setattr(jit, "finish_step", lambda *a: (steps.append(1), finish(*a)))
+    z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=60, tol=1e-7)
+    z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=60, tol=1e-7)
+    assert s1.cpu()[0] == s0[0] < 60 - tk.CHECK_EVERY
+    assert rel_err(z1.cpu(), z0) < 1e-13
+    assert s0[0] - 1 <= len(steps) < s0[0] - 1 + tk.CHECK_EVERY
+    steps.clear()
+    monkeypatch.setattr(tk, "CHECK_EVERY", 0)
+    z2, s2 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=30, tol=1e-7)
+    assert len(steps) == 29 and torch.equal(s2, s1) and torch.equal(z2, z1)
+    # no edges: Z_2 = X exactly, so even tol = 0 stops at iteration 2
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    ge = dk.build_graph(empty, x.size(0))
+    args_cpu = (ge.rowptr, ge.col, ge.value.double(), x, chi, p, q)
+    z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=10, tol=0.0)
+    z1, s1 = tk.implicit_diffusion(*to(device, *args_cpu), mu=3.0, max_iter=10, tol=0.0)
+    assert float(s1[0]) == float(s0[0]) == 2 and torch.equal(z1.cpu(), x)
+    zero = torch.zeros_like(x)  # X = 0 converges at iteration 1: Z = 0
+    z1, s1 = tk.implicit_diffusion(*to(device, g.rowptr, g.col, a, zero, chi, p, q), mu=3.0,
+                                   max_iter=10, tol=0.0)
+    assert float(s1[0]) == 1 and not bool(z1.any())
+
+
+def test_opcheck_every_op(device):
+    g, x, p, q, a, chi = graph_inputs("directed", n=10, d=3, h=2)
+    t = dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
+    w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    z, v = torch.randn_like(x), torch.randn_like(x)
+    rp, cl, a, p, q, chi, x, z, v, w, kappa = to(device, g.rowptr, g.col, a, p, q, chi, x, z,
+                                                  v, w, kappa)
+    t = to(device, *t)
+    req = lambda *ts: [u.clone().requires_grad_() for u in ts]  # noqa: E731
+    cases = {
+        "neural_edge_weights": [(rp, cl, a, p, q, 1e-6), (rp, cl, a, *req(p, q), 1e-6)],
+        "neural_edge_weights_backward": [(rp, cl, a, p, q, 1e-6, torch.randn_like(w), *t)],
+        "neural_diffusion_step": [(rp, cl, a, p, q, chi, x, z, 2.2, 1e-6)],
+        "diffusion_step": [(rp, cl, w, chi, kappa, x, z, 2.2)],
+        "adjoint_step": [(t[0], t[1], w[t[2]], chi, kappa, x, z, 2.2)],
+        "csr_fma": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
+        "neural_weight_grad": [(rp, cl, a, p, q, z, v, 1e-6, *t), (rp, cl, a, p, q, z, v, 1e-6)],
+        "implicit_diffusion": [
+            (rp, cl, a, *req(x, chi, p, q), None, 3.0, 1e-6, 3, 1e-8, *t),
+            (rp, cl, w, *req(x), chi, None, None, kappa, 3.0, 1e-6, 3, 1e-8)],
+        "implicit_diffusion_backward": [(rp, cl, a, w, kappa, *t, x, chi, p, q, z,
+                                         torch.randn_like(x), 3.0, 1e-6, 3, 1e-8)],
+    }
+    assert set(cases) == {n for n in tk.__all__ if hasattr(torch.ops.dignn_triton, n)}
+    for op_name, samples in cases.items():
+        for args in samples:
+            torch.library.opcheck(getattr(torch.ops.dignn_triton, op_name).default, args)
+
+
+# ------------------------------------------------------------------------ the layer --
+
+LAYER_CASES = [("symmetric", "neural"), ("directed", "neural"), ("symmetric", "rw"),
+               ("directed", "rw"), ("isolated", "neural"), ("weighted", "sym"),
+               ("duplicates", "unnormalized"), ("batch", "neural"), ("empty", "neural")]
+
+
+@pytest.mark.parametrize("kind,laplacian", LAYER_CASES)
+def test_layer_matches_cpu_backend(device, kind, laplacian):
+    x, ei, w = make_graph(kind, n=24, d=5)
+    cpu = make_layer(5, laplacian, max_iter=12, tol=1e-9, backend="cpu")
+    tri = make_layer(5, laplacian, max_iter=12, tol=1e-9, backend="triton").to(device)
+    tri.load_state_dict(cpu.state_dict())
+    xa, xb = x.clone().requires_grad_(), x.to(device).requires_grad_()
+    za, zb = cpu(xa, ei, w), tri(xb, *to(device, ei, w))
+    assert tri.backend_used == "triton" and zb.device == device
+    assert rel_err(zb.cpu(), za) < 1e-12
+    assert tri.iterations == cpu.iterations and tri.residual == pytest.approx(cpu.residual)
+    g = torch.randn_like(za)
+    ga = torch.autograd.grad(za, [xa] + list(cpu.parameters()), g)
+    gb = torch.autograd.grad(zb, [xb] + list(tri.parameters()), g.to(device))
+    for a_, b_ in zip(gb, ga):
+        assert rel_err(a_.cpu(), b_) < 1e-11
+    assert tri.backward_iterations == cpu.backward_iterations
+
+
+def test_layer_matches_dense_solve_and_paper_reference(device):
+    x, ei, w = make_graph("directed", n=24, d=5)
+    layer = make_layer(5, "neural", max_iter=300, tol=1e-14, backend="triton").to(device)
+    z = layer(x.to(device), ei.to(device))
+    want, _ = reference.dense_equilibrium(x, ei, None, laplacian="neural", mu=layer.mu,
+                                          eps=layer.eps, **{k: t.cpu() for k, t in
+                                                            thetas(layer).items()})
+    assert layer.iterations < 300 and rel_err(z.cpu(), want) < 1e-10
+    layer.max_iter, layer.tol = 10, 0.0
+    z = layer(x.to(device), ei.to(device))
+    z_ref = reference.reference_implicit_diffusion(
+        x, ei, None, laplacian="neural", mu=layer.mu, max_iter=10, tol=0.0,
+        **{k: t.cpu() for k, t in thetas(layer).items()})
+    assert rel_err(z.cpu(), z_ref) < 1e-12
+
+
+def test_guard_zero_feature_rows(device):
+    """chi = 0 rows (all-zero features) keep z_i = x_i with finite gradients, in float32 at
+    the paper's settings with the default initialization."""
+    x, ei, _ = make_graph("zero_rows", n=30, d=8, dtype=torch.float32)
+    layer = dk.FusedImplicitDiffusion(8, mu=2.2, backend="triton").to(device)
+    xr = x.to(device).requires_grad_()
+    z = layer(xr, ei.to(device))
+    zero = (x == 0).all(dim=1)
+    assert zero.sum() >= 5 and torch.isfinite(z).all()
+    assert torch.equal(z.detach().cpu()[zero], torch.zeros_like(x[zero]))
+    z.square().sum().backward()
+    assert torch.isfinite(xr.grad).all()
+    assert all(torch.isfinite(t.grad).all() for t in layer.parameters())
+
+
+@pytest.mark.parametrize("chunk", [3], indirect=True)
+def test_deterministic_bitwise(device, chunk):
+    """No atomics: the same inputs give the same bits, split rows included."""
+    x, ei, w = make_graph("directed", n=40, d=6, dtype=torch.float32)
+    layer = make_layer(6, dtype=torch.float32, backend="triton").to(device)
+    outs = []
+    for _ in range(2):
+        xr = x.to(device).requires_grad_()
+        z = layer(xr, *to(device, ei, w))
+        outs.append([z.detach()] + list(torch.autograd.grad(z.square().sum(),
+                                                            [xr] + list(layer.parameters()))))
+    for a_, b_ in zip(*outs):
+        assert torch.equal(a_, b_)
+
+
+def test_low_precision_features(device):
+    x, ei, _ = make_graph("symmetric", n=24, d=8, dtype=torch.float32)
+    layer = make_layer(8, dtype=torch.float32, max_iter=12, backend="triton").to(device)
+    x, ei = x.to(device), ei.to(device)
+    z32 = layer(x, ei)
+    for dt in (torch.float16, torch.bfloat16):
+        z = layer(x.to(dt), ei)
+        assert z.dtype == dt and rel_err(z.float(), z32) < 5e-2
+
+
+def test_torch_compile(device):
+    """Through torch.compile (AOTAutograd: the fake kernels and the registered autograd)."""
+    x, ei, w = make_graph("directed", n=20, d=4, dtype=torch.float32)
+    layer = make_layer(4, dtype=torch.float32, max_iter=8, backend="triton").to(device)
+    x, ei = x.to(device), ei.to(device)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=False)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    za, zb = layer(xa, ei), compiled(xb, ei)
+    assert rel_err(zb, za) < 1e-6
+    za.square().sum().backward()
+    zb.square().sum().backward()
+    assert rel_err(xb.grad, xa.grad) < 1e-5
+
+
+# ---------------------------------------------------------------------- bad input --
+
+def test_bad_input_is_named(device):
+    g, x, p, q, a, chi = to(device, *graph_inputs("symmetric"))
+    rp, cl = g.rowptr.to(device), g.col.to(device)
+    with pytest.raises(RuntimeError, match="mu must be > 0"):
+        tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=0.0)
+    with pytest.raises(RuntimeError, match="x has 19 rows but the graph has 20 nodes"):
+        tk.implicit_diffusion(rp, cl, a, x[:19], chi, p, q, mu=2.0)
+    with pytest.raises(RuntimeError, match="p and q go together"):
+        tk.implicit_diffusion(rp, cl, a, x, chi, p, None, mu=2.0)
+    with pytest.raises(RuntimeError, match="max_iter must be >= 1"):
+        tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=2.0, max_iter=0)
+    with pytest.raises(RuntimeError, match="rowptr must be int64"):
+        tk.neural_edge_weights(rp.int(), cl, a, p, q)
+    with pytest.raises(RuntimeError, match="q must have dtype"):
+        tk.neural_edge_weights(rp, cl, a, p, q.float())
+    with pytest.raises(RuntimeError, match="x must be float32 or float64"):
+        tk.diffusion_step(rp, cl, a, chi.half(), chi.half(), x.half(), x.half(), 2.0)
+    with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
+        tk.neural_weight_grad(rp, cl, a, p, q, x, x, 1e-6, rp)
+
+
+def test_availability_is_reported(monkeypatch):
+    assert tk.available("cpu") == tk.interpreted()
+    assert not tk.available("meta")
+    assert tk.available("cuda") == (HAS_CUDA and tk._triton_installed())
+    assert dk.backends.kernels_for("triton") is tk
+    backends = dk.available_backends(torch.device("cpu"))
+    assert backends[:2] == ("cpu", "torch") and ("triton" in backends) == tk.interpreted()
+    monkeypatch.setattr(tk, "available", lambda device=None: False)
+    assert "triton" not in dk.available_backends(torch.device("cpu"))
+    layer = dk.FusedImplicitDiffusion(3, backend="triton")
+    with pytest.raises(RuntimeError, match="backend='triton' cannot run on cpu.*TRITON_INTERPRET"):
+        layer(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))
+
+
+def test_graph_without_nodes(device):
+    rowptr = torch.zeros(1, dtype=torch.int64, device=device)
+    col = torch.zeros(0, dtype=torch.int32, device=device)
+    x = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
+    p = torch.zeros(0, 2, dtype=torch.float64, device=device, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    z, stats = tk.implicit_diffusion(rowptr, col, empty, x, empty, p, p, mu=2.0)
+    assert z.shape == (0, 3) and float(stats[0]) == 1
+    gx, gp = torch.autograd.grad(z.sum(), [x, p], allow_unused=True)
+    assert gx.shape == (0, 3) and gp.shape == (0, 2)
+
+
+# ------------------------------------------------------------------------- GPU only --
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_solve_never_syncs_with_the_host():
+    """Once the graph's schedule exists, a forward + backward of the op (10 iterations each,
+    fewer than CHECK_EVERY) makes no host sync (CUDA sync debug mode turns any into an
+    error)."""
+    g, x, p, q, a, chi = to("cuda", *graph_inputs("directed", n=200, d=16, h=8,
+                                                  dtype=torch.float32))
+    t = to("cuda", *g.transposed())
+    rp, cl = g.rowptr.to("cuda"), g.col.to("cuda")
+    x.requires_grad_()
+
+    def run():
+        z, stats = tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=3.0, max_iter=10,
+                                         tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+        (gx,) = torch.autograd.grad(z, [x], torch.ones_like(z))
+        return z, gx
+
+    want = run()  # builds and caches the schedules
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a_, b_ in zip(got, want):
+        assert torch.equal(a_, b_)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_graph_capture_and_replay():
+    """The whole forward solve (device-side convergence included) captured in a CUDA graph:
+    a replay on new features gives what an eager solve gives."""
+    g, x, p, q, a, chi = to("cuda", *graph_inputs("symmetric", n=300, d=16, h=8,
+                                                  dtype=torch.float32))
+    rp, cl = g.rowptr.to("cuda"), g.col.to("cuda")
+    static_x = x.clone()
+
+    def solve():
+        return tk.implicit_diffusion(rp, cl, a, static_x, chi, p, q, mu=3.0, max_iter=30,
+                                     tol=1e-5)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        solve()  # warm-up: compiles the kernels, caches schedules and constants
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        z_static, stats_static = solve()
+    new_x = torch.randn_like(x)
+    static_x.copy_(new_x)
+    graph.replay()
+    z_eager, stats_eager = tk.implicit_diffusion(rp, cl, a, new_x, chi, p, q, mu=3.0,
+                                                 max_iter=30, tol=1e-5)
+    assert torch.equal(z_static, z_eager) and torch.equal(stats_static, stats_eager)
+    assert 2 < float(stats_eager[0]) < 30
+
+
+# ------------------------------------------------------------- compiled for the GPU --
+
+COMPILE_SCRIPT = r"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import dignn_kernels as dk
+from dignn_kernels import _triton_jit as jit, triton_kernels as tk
+
+assert not jit.INTERPRETED
+tk._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
+TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64"}
+variants = {}
+
+
+class Recorder:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def record(*args, **kwargs):
+            sig, consts, attrs = {}, {}, {}
+            for i, name in enumerate(self.fn.arg_names):
+                value = args[i] if i < len(args) else kwargs[name]
+                if self.fn.params[i].is_constexpr:
+                    sig[name], consts[name] = "constexpr", value
+                elif isinstance(value, torch.Tensor):  # fresh allocations: 16-byte aligned
+                    sig[name], attrs[(i,)] = "*" + TYPES[value.dtype], [["tt.divisibility", 16]]
+                else:
+                    sig[name] = "i32"
+            key = (self.fn.__name__, repr(sorted(sig.items())), repr(sorted(consts.items())))
+            variants[key] = (self.fn, sig, consts, attrs, kwargs.get("num_warps", 4))
+        return record
+
+
+for name in dir(jit):
+    if name.endswith("_kernel"):
+        setattr(jit, name, Recorder(getattr(jit, name)))
+
+for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric blocks
+    for kind in ("symmetric", "directed"):
+        gen = torch.Generator().manual_seed(0)
+        ei = torch.randint(0, 300, (2, 3000), generator=gen)  # rows of more than 64 edges
+        ei = torch.cat([ei, ei.flip(0)], 1) if kind == "symmetric" else ei
+        g = dk.build_graph(ei, 300)
+        x = torch.randn(300, d, requires_grad=True)
+        p, q = (torch.randn(300, h, requires_grad=True) for _ in range(2))
+        a, deg = g.values(torch.float32)
+        chi = deg.clone().requires_grad_()
+        t = g.transposed() or (None, None, None)
+        solver = dict(mu=2.0, max_iter=3, tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+        z, _ = tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **solver)
+        z.sum().backward()
+        w, kappa, _ = g.fixed_laplacian("rw", torch.float32)
+        z, _ = tk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
+        z.sum().backward()
+        tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
+        w, kappa = tk.neural_edge_weights(g.rowptr, g.col, a, p, q)
+        (w.sum() + kappa.sum()).backward()
+
+target = GPUTarget("cuda", 90, 32)
+for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):
+    try:
+        triton.compile(ASTSource(fn, sig, consts, attrs), target=target,
+                       options={"num_warps": warps})
+    except Exception as err:
+        raise SystemExit(f"{name} {consts} does not compile for sm_90: {err}")
+print("compiled", len(variants), "kernel variants")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="with a GPU the cuda tests compile and run the kernels")
+def test_kernels_compile_for_the_gpu(tmp_path):
+    """Without a GPU the kernels otherwise only ever run in the interpreter, which accepts
+    code the compiler rejects (a Python global read inside a kernel, a float64 operand a
+    float32-only instruction gets): compile every variant that a forward and backward
+    launch (neural and fixed weights, symmetric and directed graphs, one tile and several)
+    to sm_90 machine code, with Triton's compiler and ptxas, no GPU needed."""
+    pytest.importorskip("triton.backends.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert int(proc.stdout.split("compiled ")[1].split()[0]) >= 20
