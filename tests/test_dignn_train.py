@@ -212,3 +212,28 @@ def test_mutag_one_fold_runs(tmp_path):
     config = preset_config("mutag", epochs=3)
     run = train(dataset, config, splits=[0], progress=False)
     assert 0.0 <= run.mean <= 1.0 and run.splits[0].epochs_run == 3
+
+
+def test_solver_option_reaches_the_layer(graph):
+    """``solver`` in the config picks the implicit layer's solver; with cg the model's
+    diffusion output solves Z + Delta Z / mu = X even with mu below lambda_max, where the
+    paper's fixed-point iteration diverges."""
+    from dignn.spectral import apply_laplacian, estimate_lambda_max, laplacian_operator
+    from dignn.training import build_model
+    torch.manual_seed(0)
+    config = TrainConfig(hidden=8, max_iter=300, tol=1e-7, solver="cg")
+    model = build_model(graph, config).eval()
+    assert model.diffusion.solver == "cg"
+    with torch.no_grad():
+        h = model.diffusion_input(graph.x, graph.edge_index)
+        op = laplacian_operator(model.diffusion, h, graph.edge_index)
+        mu = 0.5 * estimate_lambda_max(op).lambda_max
+        model.diffusion.mu = mu
+        z = model.diffusion(h, graph.edge_index)
+        equation = z + apply_laplacian(op, z) / mu - h
+    assert model.diffusion.solver_used == "cg"
+    assert float(equation.norm() / h.norm()) < 1e-4
+    model.diffusion.solver = "fixed_point"
+    with torch.no_grad():
+        model.diffusion(h, graph.edge_index)
+    assert not model.diffusion.relative_residual < 1e-4  # diverged, or far from converged

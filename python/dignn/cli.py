@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--patience", type=_positive_int, default=None,
                       help="stop a split after N epochs without a better validation accuracy")
     over.add_argument("--seed", type=int, default=None)
+    over.add_argument("--solver", choices=["fixed_point", "cg", "anderson"], default=None,
+                      help="the implicit layer's solver (cg: exact for every mu > 0)")
     over.add_argument("--spectral-norm", action="store_true", default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ")
     t.add_argument("--threads", type=_positive_int, default=None,
@@ -158,7 +160,8 @@ def _train(args) -> int:
                                dropout=args.dropout, max_iter=args.max_iter, tol=args.tol,
                                input_unit=args.input_unit, epochs=args.epochs,
                                patience=args.patience, seed=args.seed,
-                               spectral_norm=args.spectral_norm)
+                               spectral_norm=args.spectral_norm,
+                               solver=args.solver)
         start = time.perf_counter()
         dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:

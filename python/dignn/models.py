@@ -135,6 +135,8 @@ class DIGNNNodeClassifier(nn.Module):
         dropout: dropout rate after each layer.
         metric_channels: width h of the neural Laplacian's projections (default ``hidden``).
         backend: the implicit layer's backend (see :class:`FusedImplicitDiffusion`).
+        solver: the implicit layer's solver, ``"fixed_point"`` (the paper's iteration),
+            ``"cg"`` (exact for every mu > 0 on symmetric graphs) or ``"anderson"``.
 
     ``forward(x, edge_index)`` returns logits [num_nodes, num_classes]. ``x`` may be a sparse
     CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
@@ -146,7 +148,7 @@ class DIGNNNodeClassifier(nn.Module):
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.5,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 adj_norm: str = "none"):
+                 adj_norm: str = "none", solver: str = "fixed_point"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -171,7 +173,8 @@ class DIGNNNodeClassifier(nn.Module):
         self.norm_in = nn.BatchNorm1d(hidden)
         self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
                                                 metric_channels=metric_channels,
-                                                max_iter=max_iter, tol=tol, backend=backend)
+                                                max_iter=max_iter, tol=tol, backend=backend,
+                                                solver=solver)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -244,7 +247,8 @@ class DIGNNGraphClassifier(nn.Module):
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
                  node_layers: int = 1, graph_layers: int = 1,
-                 metric_channels: Optional[int] = None, backend: str = "auto"):
+                 metric_channels: Optional[int] = None, backend: str = "auto",
+                 solver: str = "fixed_point"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -262,7 +266,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.norm_in = nn.BatchNorm1d(hidden)
         self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
                                                 metric_channels=metric_channels,
-                                                max_iter=max_iter, tol=tol, backend=backend)
+                                                max_iter=max_iter, tol=tol, backend=backend,
+                                                solver=solver)
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)

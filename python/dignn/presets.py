@@ -40,6 +40,7 @@ class TrainConfig:
     graph_layers: int = 1  # graph classification: layers after pooling, before the classifier
     seed: int = 0
     backend: str = "auto"
+    solver: str = "fixed_point"  # the implicit layer's solver: fixed_point (paper), cg, anderson
     spectral_norm: bool = False  # spectral normalization of Θχ, Θφ (the paper's mu study)
 
     def replace(self, **changes) -> "TrainConfig":

@@ -97,7 +97,8 @@ def build_model(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig):
     Laplacian's Θχ and Θφ are spectrally normalized (||Θ||_2 = 1, as in the paper's mu
     study), which bounds lambda_max (Theorem "Spectral Range of Delta_Phi")."""
     common = dict(laplacian=config.laplacian, mu=config.mu, max_iter=config.max_iter,
-                  tol=config.tol, dropout=config.dropout, backend=config.backend)
+                  tol=config.tol, dropout=config.dropout, backend=config.backend,
+                  solver=config.solver)
     if dataset.task == "graph":
         model = DIGNNGraphClassifier(dataset.num_features, config.hidden,
                                      dataset.num_classes, pooling=config.pooling,
