@@ -172,12 +172,16 @@ def test_cli_errors(capsys, tmp_path):
 
 
 def test_console_script_runs(tmp_path):
-    """``python -m dignn.cli`` (what the ``dignn`` script calls) in a fresh process."""
+    """The installed ``dignn`` command (``python -m dignn.cli`` where the script is not on
+    disk) in a fresh process, started outside the source tree so that the installed packages
+    are the ones imported."""
+    import shutil
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "dignn.cli", "train", "--splits", "0",
-                           "--epochs", "2", "--hidden", "8", "--json", str(out),
-                           "--no-progress", "--laplacian", "rw"],
-                          capture_output=True, text=True, timeout=300,
+    script = shutil.which("dignn", path=os.path.dirname(sys.executable))
+    command = [script] if script else [sys.executable, "-m", "dignn.cli"]
+    proc = subprocess.run(command + ["train", "--splits", "0", "--epochs", "2", "--hidden", "8",
+                                     "--json", str(out), "--no-progress", "--laplacian", "rw"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
