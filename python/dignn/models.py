@@ -86,10 +86,10 @@ def _check_choice(name, value, choices):
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-def _check_dropout(dropout):
+def _check_dropout(dropout, name="dropout"):
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
             not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+        raise ValueError(f"{name} must be a number in [0, 1), got {dropout!r}")
 
 
 class LINKXInput(nn.Module):
@@ -98,9 +98,11 @@ class LINKXInput(nn.Module):
     linear layer. ``A`` is the n x n adjacency read as node features (transductive: the
     model is tied to ``num_nodes``)."""
 
-    def __init__(self, num_nodes: int, in_channels: int, hidden: int, dropout: float):
+    def __init__(self, num_nodes: int, in_channels: int, hidden: int, dropout: float,
+                 input_dropout: float = 0.0):
         super().__init__()
         self.num_nodes = num_nodes
+        self.input_dropout = input_dropout
         self.lin_a = nn.Linear(num_nodes, hidden)
         self.lin_x = nn.Linear(in_channels, hidden)
         self.lin_cat = nn.Linear(2 * hidden, hidden)
@@ -108,7 +110,7 @@ class LINKXInput(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor, adj: Tensor) -> Tensor:
-        x = _dropout_any(x, self.dropout, self.training)
+        x = _dropout_any(x, self.input_dropout, self.training)
         h_a = _linear_any(self.lin_a, adj)
         h_x = _linear_any(self.lin_x, x)
         h = F.relu(self.lin_cat(torch.cat([h_a, h_x], dim=1)) + h_a + h_x)
@@ -127,6 +129,8 @@ class DIGNNNodeClassifier(nn.Module):
             Chameleon/Squirrel) or ``"linkx"`` (MLP(concat(MLP(A), MLP(X))), for facebook100).
         num_nodes: the graph's size; required by ``"linkx"`` (its A-branch has one weight
             row per node).
+        input_dropout: dropout on the input unit's input (X, A X or the features of
+            ``"linkx"``; default: ``dropout``). LINKX itself drops no input: 0 there.
         adj_norm: the A of the ``"adj"`` and ``"linkx"`` units: ``"none"`` (binary, as in
             the paper), ``"rw"`` (D^-1 A) or ``"sym"`` (D^-1/2 A D^-1/2).
         laplacian: ``"neural"`` (graph neural Laplacian, eq. 12-14) or ``"rw"``.
@@ -148,7 +152,8 @@ class DIGNNNodeClassifier(nn.Module):
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.5,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 adj_norm: str = "none", solver: str = "fixed_point"):
+                 adj_norm: str = "none", solver: str = "fixed_point",
+                 input_dropout: Optional[float] = None):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -159,6 +164,10 @@ class DIGNNNodeClassifier(nn.Module):
         self.adj_norm = adj_norm
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
         _check_dropout(dropout)
+        if input_dropout is None:
+            input_dropout = dropout
+        _check_dropout(input_dropout, "input_dropout")
+        self.input_dropout = input_dropout
         if input_unit == "linkx" and (not isinstance(num_nodes, int) or num_nodes < 1):
             raise ValueError("input_unit='linkx' needs num_nodes (the graph's node count): "
                              "its A-branch has one weight row per node")
@@ -166,7 +175,7 @@ class DIGNNNodeClassifier(nn.Module):
         self.num_nodes = num_nodes
         self.dropout = dropout
         if input_unit == "linkx":
-            self.linkx = LINKXInput(num_nodes, in_channels, hidden, dropout)
+            self.linkx = LINKXInput(num_nodes, in_channels, hidden, dropout, input_dropout)
             self.lin_in = nn.Linear(hidden, hidden)
         else:
             self.lin_in = nn.Linear(in_channels, hidden)
@@ -219,7 +228,7 @@ class DIGNNNodeClassifier(nn.Module):
             h = self.lin_in(h)
         else:
             h = self._graph_features(x, edge_index) if self.input_unit == "adj" else x
-            h = _linear_any(self.lin_in, _dropout_any(h, self.dropout, self.training))
+            h = _linear_any(self.lin_in, _dropout_any(h, self.input_dropout, self.training))
         h = F.dropout(F.relu(h), self.dropout, self.training)
         return self.norm_in(h)
 

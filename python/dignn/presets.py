@@ -30,6 +30,7 @@ class TrainConfig:
     max_iter: int = 10
     tol: float = 1e-6
     dropout: float = 0.5
+    input_dropout: Optional[float] = None  # node models: dropout on the input (None: dropout)
     input_unit: str = "mlp"
     adj_norm: str = "none"  # A of the adj/linkx input units: none (paper), rw, sym
     epochs: int = 1000

@@ -108,6 +108,7 @@ def build_model(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig):
         model = DIGNNNodeClassifier(dataset.num_features, config.hidden, dataset.num_classes,
                                     input_unit=config.input_unit,
                                     adj_norm=config.adj_norm, num_nodes=dataset.num_nodes,
+                                    input_dropout=config.input_dropout,
                                     **common)
     if config.spectral_norm:
         if config.laplacian != "neural":
