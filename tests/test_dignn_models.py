@@ -128,6 +128,8 @@ def test_graph_classifier_on_a_batch():
     (dict(dropout=1.0), "dropout"),
     (dict(input_unit="linkx"), "num_nodes"),
     (dict(mu=-1.0), "mu"),
+    (dict(input_dropout=1.5), "input_dropout"),
+    (dict(solver="newton"), "solver"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -158,3 +160,20 @@ def test_dropout_of_sparse_features():
     assert 0.35 < float(kept.sum() / (x != 0).sum()) < 0.65
     torch.testing.assert_close(out[kept], torch.full_like(out[kept], 2.0))  # scaled by 1/(1-p)
     assert _dropout_any(x.to_sparse(), 0.5, False).to_dense().equal(x)
+
+
+def test_input_dropout_is_separate_from_dropout(small):
+    """``input_dropout`` acts on the input alone: with it at 0 and the hidden dropout on, two
+    training-mode passes still differ, and the input unit sees the features unchanged."""
+    torch.manual_seed(0)
+    model = DIGNNNodeClassifier(small.num_features, 8, small.num_classes, mu=2.5, max_iter=4,
+                                dropout=0.5, input_dropout=0.0)
+    assert model.input_dropout == 0.0
+    assert DIGNNNodeClassifier(4, 8, 2, dropout=0.3).input_dropout == 0.3
+    seen = []
+    model.lin_in.register_forward_hook(lambda m, inp, out: seen.append(inp[0]))
+    model.train()
+    a = model(small.x, small.edge_index)
+    b = model(small.x, small.edge_index)
+    assert not torch.equal(a, b)
+    torch.testing.assert_close(seen[0], small.x.float())
