@@ -241,3 +241,19 @@ def test_solver_option_reaches_the_layer(graph):
     with torch.no_grad():
         model.diffusion(h, graph.edge_index)
     assert not model.diffusion.relative_residual < 1e-4  # diverged, or far from converged
+
+
+def test_tuned_preset_applies_listed_changes_only():
+    """``tuned`` = ``paper`` plus exactly the values TUNED_CHANGES lists, each with a reason;
+    explicit overrides still win."""
+    from dignn.presets import TUNED_CHANGES
+    for laplacian, table in TUNED_CHANGES.items():
+        for name, change in table.items():
+            assert change["why"] and change["values"]
+            paper = preset_config(name, laplacian, "paper").as_dict()
+            tuned = preset_config(name, laplacian, "tuned").as_dict()
+            differs = {k for k in paper if paper[k] != tuned[k]}
+            assert differs <= set(change["values"]), (name, differs)
+            assert all(tuned[k] == v for k, v in change["values"].items())
+    assert preset_config("mutag").solver == "cg"
+    assert preset_config("mutag", solver="fixed_point").solver == "fixed_point"

@@ -111,7 +111,36 @@ _DATASET_DEFAULTS: Dict[str, Dict] = {
 # What the ``tuned`` preset changes relative to the paper's tables, per (dataset, laplacian),
 # and why; an empty entry means the paper's values are used as they are.
 TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
-    "neural": {},
+    "neural": {
+        "cora": {
+            "values": dict(lr=0.01, dropout=0.5, epochs=400),
+            "why": "with table 7's lr 0.001 and dropout 0.75 the model is still far from fitted "
+                   "after 400 epochs (71.6% test on splits 0-1); lr 0.01 with dropout 0.5 fits "
+                   "in 100-400 epochs",
+        },
+        "chameleon": {
+            "values": dict(dropout=0.1, mu=1.25, epochs=300),
+            "why": "best mean validation accuracy of the settings tried (table 7's dropout 0.5 "
+                   "and mu 2.2 under-fit: 71% on split 0); mu 1.25 stays above lambda_max "
+                   "(0.5-0.9 after training)",
+        },
+        "amherst41": {
+            "values": dict(input_dropout=0.0, epochs=150),
+            "why": "LINKX drops no input features (dropout on the one-hot features cost 0.5 "
+                   "points); the best validation epoch is 20-30, so 150 epochs suffice",
+        },
+        "cornell5": {
+            "values": dict(input_dropout=0.0, epochs=250),
+            "why": "as amherst41: no dropout on the input features; best epochs 130-170",
+        },
+        "mutag": {
+            "values": dict(solver="cg", node_layers=3, graph_layers=3, epochs=200),
+            "why": "table 7's mu = 1.25 is below lambda_max of the trained Laplacian (1.5-2), "
+                   "where the fixed-point iteration need not converge: cg solves the same "
+                   "equation exactly; 3 layers before and after pooling as in the authors' "
+                   "code (a single layer fits only ~80% of the training graphs)",
+        },
+    },
     "rw": {},
 }
 
