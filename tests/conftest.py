@@ -101,3 +101,13 @@ def _fresh_graph_cache():
     dk.clear_graph_cache()
     yield
     dk.clear_graph_cache()
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for a test on a tiny graph: threads gain nothing there, and on a
+    busy machine OpenMP's spinning barriers make small ops many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -7,14 +7,7 @@ from dignn.data import csbm
 from dignn.models import DIGNNGraphClassifier, DIGNNNodeClassifier, adjacency_matrix
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These graphs are tiny: intra-op threads gain nothing on them, and on a busy machine
-    OpenMP's spinning barriers make small ops many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

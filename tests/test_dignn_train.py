@@ -18,14 +18,7 @@ SMALL_CSBM = dict(num_nodes=300, num_classes=3, num_features=16, avg_degree=8,
                   homophily=0.8, signal=1.0, num_splits=3)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These graphs are tiny: intra-op threads gain nothing on them, and on a busy machine
-    OpenMP's spinning barriers make small ops many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -175,12 +175,18 @@ def _accuracy(logits: Tensor, y: Tensor) -> float:
     return float((logits.argmax(dim=1) == y).double().mean()) if y.numel() else float("nan")
 
 
-def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
-                     progress: bool = True, keep_model: bool = False) -> SplitResult:
+def _split_setup(dataset, config: TrainConfig, split: int):
+    """Split ``split``'s index sets, a fresh model seeded with ``config.seed + split``, and
+    its Adam optimizer."""
     torch.manual_seed(config.seed + split)
-    s = dataset.splits[split]
     model = build_model(dataset, config)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return dataset.splits[split], model, opt
+
+
+def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
+                     progress: bool = True, keep_model: bool = False) -> SplitResult:
+    s, model, opt = _split_setup(dataset, config, split)
     x, y, ei = dataset.x, dataset.y, dataset.edge_index
     lam_start = _spectral(model, x, ei, f"{dataset.name} split {split}, at initialization")
     sel = _Selector(model)
@@ -244,10 +250,7 @@ def _evaluate_graphs(model, loader):
 
 def train_graph_split(dataset: GraphDataset, config: TrainConfig, split: int,
                       progress: bool = True, keep_model: bool = False) -> SplitResult:
-    torch.manual_seed(config.seed + split)
-    s = dataset.splits[split]
-    model = build_model(dataset, config)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    s, model, opt = _split_setup(dataset, config, split)
     train_loader = _graph_loader(dataset.graphs, s.train, config.batch_size, True,
                                  config.seed + split)
     eval_loaders = [_graph_loader(dataset.graphs, idx, 1024, False, 0)
