@@ -14,14 +14,26 @@ __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
 BACKENDS = ("auto", "cpu", "cuda", "triton", "torch")
 
+# ``backend="auto"`` on a CUDA device with both GPU backends built: Triton from this many CSR
+# entries on, the CUDA kernels below. Measured on an H100 (bench/results/gpu_h100_2026-11-23/
+# bench_gpu_speed_summary.txt, one training step, h = 64, 10 + 10 sweeps): cornell5 (1.58M
+# entries) cuda 4.83 ms, triton 5.03 ms; the Penn94-shaped graph (2.72M) cuda 7.42, triton
+# 6.23; its heavy-row variant 7.50 against 7.13; a uniform graph of that size 5.57 against
+# 5.31. Below cornell5's size no Triton step was timed; there the launches dominate, and the
+# CUDA backend launches from C++ (bench/gpu_session.sh times both on the real datasets).
+TRITON_MIN_ENTRIES = 2_000_000
+
 
 def _has_cuda_kernels() -> bool:
     from . import _build_info
     return bool(_build_info.WITH_CUDA)
 
 
-def available_backends(device: torch.device) -> Tuple[str, ...]:
-    """The backends that can run on ``device``, fastest first."""
+def available_backends(device: torch.device, num_entries: Optional[int] = None
+                       ) -> Tuple[str, ...]:
+    """The backends that can run on ``device``, the one ``"auto"`` picks first: on a GPU,
+    ``"cuda"`` before ``"triton"`` for graphs of fewer than :data:`TRITON_MIN_ENTRIES` CSR
+    entries (``num_entries``; None counts as small), ``"triton"`` first from there on."""
     if device.type == "cpu":  # Triton runs on the CPU only in its (slow) interpreter
         return ("cpu", "torch") + (("triton",) if triton_kernels.available(device) else ())
     if device.type == "cuda":
@@ -29,7 +41,8 @@ def available_backends(device: torch.device) -> Tuple[str, ...]:
         if _has_cuda_kernels():
             found.append("cuda")
         if triton_kernels.available(device):
-            found.append("triton")
+            large = num_entries is not None and num_entries >= TRITON_MIN_ENTRIES
+            found.insert(0 if large else len(found), "triton")
         return tuple(found) + ("torch",)
     return ("torch",)
 
@@ -47,6 +60,8 @@ def _check_positive(name, value, allow_zero=False):
 
 
 class FusedImplicitDiffusion(nn.Module):
+    sync_checks: Optional[bool] = None  # see the class docstring
+
     r"""The implicit graph diffusion layer of DIGNN (paper eq. 10):
     :math:`Z = X - \frac{1}{\mu} \Delta Z`, solved by fixed-point iteration from Z_0 = 0
     (eq. iter), or by conjugate gradient or Anderson acceleration, and differentiated
@@ -74,6 +89,12 @@ class FusedImplicitDiffusion(nn.Module):
         check_every: ``cg``/``anderson`` read their on-device convergence flag every this
             many sweeps (None: every sweep on the CPU, every 4 on a GPU; 0: never, always
             ``max_iter`` sweeps, as CUDA graphs need). Results do not depend on it.
+        sync_checks: whether a forward may read values back to the host to check them: that
+            x holds no NaN or Inf (an error) and that the fixed point did not diverge (a
+            :class:`DivergenceWarning`). None (default): on the CPU, where a read costs
+            nothing, yes; on a GPU no, so that a training step never waits for the device
+            (the solve's stats, ``layer.residual`` etc., still show a diverged or non-finite
+            solve when read). True checks on every device.
 
     ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (messages flow
     from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
@@ -88,7 +109,7 @@ class FusedImplicitDiffusion(nn.Module):
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
                  eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
-                 check_every: Optional[int] = None):
+                 check_every: Optional[int] = None, sync_checks: Optional[bool] = None):
         super().__init__()
         _check_int("in_channels", in_channels, 1)
         _check_positive("mu", mu)
@@ -105,6 +126,8 @@ class FusedImplicitDiffusion(nn.Module):
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if check_every is not None:
             _check_int("check_every", check_every, 0)
+        if sync_checks is not None and not isinstance(sync_checks, bool):
+            raise ValueError(f"sync_checks must be None, True or False, got {sync_checks!r}")
         self.in_channels = in_channels
         self.mu = float(mu)
         self.laplacian = laplacian
@@ -117,6 +140,8 @@ class FusedImplicitDiffusion(nn.Module):
         self.solver = solver
         self.check_every = check_every
         self.solver_used: Optional[str] = None
+        if sync_checks is not None:
+            self.sync_checks = sync_checks
         if laplacian == "neural":
             h = self.metric_channels
             self.theta_chi = nn.Linear(in_channels, h, bias=False)
@@ -171,8 +196,8 @@ class FusedImplicitDiffusion(nn.Module):
         return self._stat(5)
 
     # --------------------------------------------------------------------- forward --
-    def _resolve_backend(self, device: torch.device) -> str:
-        available = available_backends(device)
+    def _resolve_backend(self, device: torch.device, num_entries: int) -> str:
+        available = available_backends(device, num_entries)
         if self.backend == "auto":
             return available[0]
         if self.backend not in available:
@@ -187,7 +212,13 @@ class FusedImplicitDiffusion(nn.Module):
                                     "Use backend='auto'."))
         return self.backend
 
-    def _check_x(self, x: Tensor) -> None:
+    def _host_checks(self, x: Tensor) -> bool:
+        """Whether this forward reads values back to check them (see ``sync_checks``)."""
+        wanted = x.device.type == "cpu" if self.sync_checks is None else self.sync_checks
+        return wanted and solvers.host_reads_allowed(x)
+
+    def _check_x(self, x: Tensor) -> bool:
+        """Validates x; returns whether this forward reads values back to check them."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2 or x.size(1) != self.in_channels:
@@ -196,8 +227,8 @@ class FusedImplicitDiffusion(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating tensor, got {x.dtype}; convert it with "
                             f"x.float()")
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not torch.compiler.is_compiling() and not capturing and x.numel():
+        host_checks = self._host_checks(x)
+        if host_checks and x.numel():
             if not bool(torch.isfinite(x).all()):
                 raise ValueError("x contains NaN or Inf; the equilibrium is undefined")
         if self.laplacian == "neural":
@@ -205,15 +236,16 @@ class FusedImplicitDiffusion(nn.Module):
             if wdev != x.device:
                 raise ValueError(f"x is on {x.device} but the layer's parameters are on "
                                  f"{wdev}; move them with layer.to({str(x.device)!r})")
+        return host_checks
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
-        self._check_x(x)
+        host_checks = self._check_x(x)
         edge_device = _graph_device(edge_index)
         if edge_device is not None and edge_device != x.device:
             raise ValueError(f"x is on {x.device} but the graph is on {edge_device}; move "
                              f"both to the same device")
-        graph = cached_graph(edge_index, x.size(0), edge_weight)
-        backend = self._resolve_backend(x.device)
+        graph = self._graph(x, edge_index, edge_weight)
+        backend = self._resolve_backend(x.device, graph.num_edges)
         self.backend_used = backend
         solver = solvers.resolve_solver(self.solver, graph.symmetric)
         self.solver_used = solver
@@ -221,13 +253,32 @@ class FusedImplicitDiffusion(nn.Module):
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
             torch.float32
         xc = x.to(compute)
-        if backend == "torch" and solver == "fixed_point":
+        if backend == "torch" and solver == "fixed_point" and \
+                not torch.compiler.is_compiling():
+            # the torch.sparse composition, the baseline; under torch.compile the torch
+            # passes run in the traceable solve op instead (its loop exits on a host test)
             stats = torch.zeros(3, dtype=torch.float64)
-            z = self._forward_composed(graph, xc, stats)
+            z = self._forward_composed(graph, xc, stats, host_checks)
         else:
-            z, stats = self._forward_kernels(graph, xc, backend, solver)
+            z, stats = self._forward_kernels(graph, xc, backend, solver, host_checks)
         self._stats = stats
         return z.to(out_dtype)
+
+    @staticmethod
+    def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor]) -> CSRGraph:
+        """The preprocessed graph: ``edge_index`` itself when it is a :class:`CSRGraph`
+        (what ``torch.compile(..., fullgraph=True)`` needs: the cache lookup is not traced),
+        else the cached build."""
+        if not isinstance(edge_index, CSRGraph):
+            return cached_graph(edge_index, x.size(0), edge_weight)
+        if edge_weight is not None:
+            raise ValueError("edge_weight goes into the CSRGraph: pass it to "
+                             "dignn_kernels.build_graph(edge_index, num_nodes, edge_weight), "
+                             "not with a prebuilt graph")
+        if edge_index.num_nodes != x.size(0):
+            raise ValueError(f"the CSRGraph has {edge_index.num_nodes} nodes but x has "
+                             f"{x.size(0)} rows")
+        return edge_index
 
     def _param_dtype(self):
         return self.theta_chi.weight.dtype if self.laplacian == "neural" else torch.float32
@@ -241,13 +292,15 @@ class FusedImplicitDiffusion(nn.Module):
         q = nn.functional.linear(x, self.theta_varphi.weight.to(dtype))
         return chi, p, q
 
-    def _forward_kernels(self, graph: CSRGraph, x: Tensor, backend: str, solver: str):
+    def _forward_kernels(self, graph: CSRGraph, x: Tensor, backend: str, solver: str,
+                         host_checks: bool):
         t = graph.transposed()
         t_rowptr, t_col, t_perm = t if t is not None else (None, None, None)
         config = dict(mu=self.mu, eps=self.eps, max_iter=self.max_iter, tol=self.tol,
                       solver=solver, backend=backend, check_every=self.check_every,
                       t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
-                      diag_index=graph.diagonal_index() if solver == "cg" else None)
+                      diag_index=graph.diagonal_index() if solver == "cg" else None,
+                      host_checks=host_checks)
         call = solvers.implicit_diffusion
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
@@ -256,7 +309,8 @@ class FusedImplicitDiffusion(nn.Module):
         w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
         return call(graph.rowptr, graph.col, w, x, chi, None, None, kappa, **config)
 
-    def _forward_composed(self, graph: CSRGraph, x: Tensor, stats: Tensor) -> Tensor:
+    def _forward_composed(self, graph: CSRGraph, x: Tensor, stats: Tensor,
+                          host_checks: bool) -> Tensor:
         config = dict(mu=self.mu, max_iter=self.max_iter, tol=self.tol, stats=stats)
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
@@ -266,7 +320,7 @@ class FusedImplicitDiffusion(nn.Module):
         else:
             w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
             z = composed_implicit_diffusion(graph, x, w, chi, kappa, **config)
-        if solvers._observable(x) and bool(solvers.fixed_point_diverged(
+        if host_checks and bool(solvers.fixed_point_diverged(
                 x.detach(), z.detach(), chi.detach(), graph.symmetric)):
             solvers._warn_fixed_point_diverged(self.mu, stacklevel=4)
         return z
@@ -279,7 +333,7 @@ class FusedImplicitDiffusion(nn.Module):
 
 
 def _graph_device(edge) -> Optional[torch.device]:
-    if isinstance(edge, Tensor):
+    if isinstance(edge, (Tensor, CSRGraph)):
         return edge.device
     if hasattr(edge, "device") and callable(edge.device):  # torch_sparse.SparseTensor
         return edge.device()

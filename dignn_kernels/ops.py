@@ -10,6 +10,7 @@ values. ``t_rowptr, t_col, t_perm`` are the transposed CSR and, for each of its 
 position of the same edge in the CSR; pass them for graphs whose edge values are not
 symmetric (:meth:`dignn_kernels.graph.CSRGraph.transposed` makes them).
 """
+import math
 import weakref
 from typing import Optional, Tuple
 
@@ -25,10 +26,29 @@ __all__ = [
 _ops = torch.ops.dignn
 
 
+def _check_scalars(mu=None, eps=None, max_iter=None, tol=None) -> None:
+    """The scalar arguments, checked in Python before any backend sees them (the C++ checks
+    stay as a second line for direct callers of torch.ops.dignn). Not while torch.compile
+    traces, where the scalars may be symbolic; the compiled graph still runs the C++ checks."""
+    if torch.compiler.is_compiling():
+        return
+    for name, value, zero_ok in (("mu", mu, False), ("eps", eps, False), ("tol", tol, True)):
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+            raise ValueError(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, "
+                             f"got {value!r}")
+    if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int)
+                                 or max_iter < 1):
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+
+
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                         eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
     their row sums kappa. Differentiable in p and q."""
+    _check_scalars(eps=eps)
     return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
 
 
@@ -43,18 +63,21 @@ def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float,
                           eps: float = 1e-6) -> Tuple[Tensor, Tensor, Tensor]:
     """The fused forward pass: computes the neural edge weights and
     ``z_next = x - (1/mu) Delta z`` in one sweep. Returns (z_next, w, kappa)."""
+    _check_scalars(mu=mu, eps=eps)
     return _ops.neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu, eps)
 
 
 def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float) -> Tensor:
     """One forward iteration with cached weights: ``x - (1/mu) Delta z``,
     Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x)."""
+    _check_scalars(mu=mu)
     return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
 
 
 def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float) -> Tensor:
     """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T (the CSR of W
     itself when W is symmetric)."""
+    _check_scalars(mu=mu)
     return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
 
 
@@ -85,6 +108,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] of the solve;
     ``backward_stats(stats)`` gives the same three of the adjoint solve once a backward ran.
     """
+    _check_scalars(mu=mu, eps=eps, max_iter=max_iter, tol=tol)
     z, _, _, stats = _ops.implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
                                              eps, max_iter, tol, t_rowptr, t_col, t_perm)
     return z, stats

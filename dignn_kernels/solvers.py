@@ -655,13 +655,13 @@ def resolve_solver(solver: str, symmetric: bool) -> str:
     return solver
 
 
-def _observable(x: Tensor) -> bool:
-    """Whether the solve's flags may be read on the host now (eager, not capturing)."""
+def host_reads_allowed(x: Tensor) -> bool:
+    """Whether a value of ``x``'s device may be read on the host now: not while tracing for
+    torch.compile, not while a CUDA graph is being captured. ``is_compiling`` comes first, so
+    that Dynamo never traces the capture query (it cannot, and fullgraph=True would fail)."""
     if torch.compiler.is_compiling():
         return False
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False
-    return True
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _warn_fixed_point_diverged(mu: float, stacklevel: int) -> None:
@@ -680,7 +680,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        backend: Optional[str] = None, check_every: Optional[int] = None,
                        window: int = ANDERSON_WINDOW, t_rowptr: Optional[Tensor] = None,
                        t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
-                       diag_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       diag_index: Optional[Tensor] = None,
+                       host_checks: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """The differentiable equilibrium Z = X - (1/mu) Delta Z with a choice of solver; the
     arguments of :func:`dignn_kernels.ops.implicit_diffusion` plus:
 
@@ -691,7 +692,9 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
       ``"torch"``; default: ``"cuda"`` for CUDA tensors, else ``"cpu"``);
     - ``check_every``: host reads of the convergence flag (None: 1 on the CPU, 4 on a GPU;
       0: always ``max_iter`` sweeps); ``window``: Anderson's history;
-    - ``diag_index``: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed.
+    - ``diag_index``: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed;
+    - ``host_checks``: read the divergence flags on the host to warn (None: whenever
+      :func:`host_reads_allowed`; False: never, so the call does not synchronize).
 
     ``cg`` and ``anderson`` stop once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward:
     the adjoint's residual relative to ||g||_F); ``max_iter`` bounds the CSR sweeps. Returns
@@ -715,11 +718,13 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
     symmetric = t_rowptr is None
     solver = resolve_solver(solver, symmetric)
+    host_checks = host_reads_allowed(x) if host_checks is None else \
+        bool(host_checks) and host_reads_allowed(x)
     if solver == "fixed_point" and backend != "torch":
         z, stats = kernels_for(backend).implicit_diffusion(
             rowptr, col, edge_value, x, chi, p, q, kappa, mu=mu, eps=eps, max_iter=max_iter,
             tol=tol, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
-        if _observable(x) and bool(fixed_point_diverged(x.detach(), z.detach(), chi.detach(),
+        if host_checks and bool(fixed_point_diverged(x.detach(), z.detach(), chi.detach(),
                                                         symmetric)):
             _warn_fixed_point_diverged(mu, stacklevel=3)
         return z, stats
@@ -727,7 +732,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
         rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
         float(mu), float(eps), max_iter, float(tol), solver, backend,
         -1 if check_every is None else check_every, window)
-    if _observable(x):
+    if host_checks:
         sweeps, _, relative, diverged = stats.tolist()
         if diverged and solver == "fixed_point":
             _warn_fixed_point_diverged(mu, stacklevel=3)

@@ -149,8 +149,12 @@ def test_argument_errors():
     rp, cl, a, p, q = to_dev(case.rowptr, case.col, case.a, case.p, case.q)
     with pytest.raises(RuntimeError, match="is on cpu but the graph is on cuda"):
         ops.neural_edge_weights(rp, cl, a, case.p, q)
-    with pytest.raises(RuntimeError, match="mu must be > 0"):
-        ops.implicit_diffusion(rp, cl, a, case.x.to(DEV), case.chi.to(DEV), p, q, mu=0.0)
+    x, chi = case.x.to(DEV), case.chi.to(DEV)
+    for kwargs, match in [(dict(mu=0.0), "mu must be a finite number > 0"),
+                          (dict(mu=float("nan")), "mu must be a finite number > 0"),
+                          (dict(mu=2.0, max_iter=0), "max_iter must be an integer >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            ops.implicit_diffusion(rp, cl, a, x, chi, p, q, **kwargs)
     with pytest.raises(RuntimeError, match="q must have dtype"):
         ops.neural_edge_weights(rp, cl, a, p, q.float())
 

@@ -238,6 +238,100 @@ def test_torch_compile():
     assert rel_err(xr.grad, xe.grad) < 1e-5
 
 
+def _capture_query_must_not_run():
+    raise AssertionError("torch.cuda.is_current_stream_capturing was traced by Dynamo")
+
+
+def test_host_reads_are_not_traced(monkeypatch):
+    """Under torch.compile the host-read test answers False before it asks whether a CUDA
+    graph is being captured (a query Dynamo cannot trace: fullgraph=True failed on CUDA).
+    A stand-in CUDA tensor makes the CUDA branch reachable on the CPU."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        _capture_query_must_not_run)
+
+    class OnCuda:
+        is_cuda = True
+
+    on_cuda = OnCuda()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def guarded(t):
+        return t + 1 if dk.solvers.host_reads_allowed(on_cuda) else t
+
+    assert torch.equal(guarded(torch.zeros(3)), torch.zeros(3))
+
+
+def _compile_backends():
+    return [b for b in ("cpu", "torch", "triton")
+            if b in dk.available_backends(torch.device("cpu"))]
+
+
+@pytest.mark.parametrize("solver", ["fixed_point", "cg"])
+@pytest.mark.parametrize("backend", _compile_backends())
+def test_torch_compile_fullgraph(monkeypatch, backend, solver):
+    """torch.compile(layer, fullgraph=True), forward and backward, on every backend this
+    machine runs, with a prebuilt CSRGraph (the graph cache lookup is not traced). The host
+    checks are switched on and the capture query made to fail if it is ever traced."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        _capture_query_must_not_run)
+    torch._dynamo.reset()
+    x, ei, w = make_graph("weighted", n=30, d=6, dtype=torch.float32)
+    graph = dk.build_graph(ei, x.size(0), w)
+    layer = make_layer(6, dtype=torch.float32, max_iter=15, backend=backend, solver=solver,
+                       sync_checks=True)
+    xe = x.clone().requires_grad_()
+    want = layer(xe, ei, w)
+    want.square().sum().backward()
+    compiled = torch.compile(layer, fullgraph=True)
+    xc = x.clone().requires_grad_()
+    got = compiled(xc, graph)
+    got.square().sum().backward()
+    assert layer.backend_used == backend
+    assert rel_err(got, want) < 1e-5
+    assert rel_err(xc.grad, xe.grad) < 1e-4
+    for p in layer.parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+def test_prebuilt_graph_is_checked():
+    x, ei, w = make_graph("weighted", n=30, d=6, dtype=torch.float32)
+    layer = make_layer(6, dtype=torch.float32)
+    graph = dk.build_graph(ei, x.size(0), w)
+    with pytest.raises(ValueError, match="edge_weight goes into the CSRGraph"):
+        layer(x, graph, w)
+    with pytest.raises(ValueError, match="the CSRGraph has 30 nodes but x has 29 rows"):
+        layer(x[:29], graph)
+    assert torch.equal(layer(x, graph), layer(x, ei, w))
+
+
+def test_sync_checks():
+    """By default the CPU checks x for NaN (a read is free there); with sync_checks=False, as
+    on a GPU by default, nothing is read back and the NaN shows in the output and stats."""
+    x, ei, _ = make_graph("symmetric", n=20, d=4, dtype=torch.float32)
+    x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        make_layer(4, dtype=torch.float32)(x, ei)
+    quiet = make_layer(4, dtype=torch.float32, sync_checks=False)
+    z = quiet(x, ei)
+    assert torch.isnan(z).any() and quiet.residual != quiet.residual  # NaN, not raised
+    with pytest.raises(ValueError, match="sync_checks must be None, True or False"):
+        dk.FusedImplicitDiffusion(4, sync_checks="yes")
+
+
+def test_auto_backend_rule(monkeypatch):
+    """On a GPU, auto takes the CUDA kernels below TRITON_MIN_ENTRIES CSR entries and Triton
+    from there on (the H100 benchmark's crossover); the CPU always takes the C++ kernels."""
+    from dignn_kernels import layer as layer_mod
+    monkeypatch.setattr(layer_mod, "_has_cuda_kernels", lambda: True)
+    monkeypatch.setattr(layer_mod.triton_kernels, "available", lambda device: True)
+    gpu = torch.device("cuda", 0)
+    small = dk.available_backends(gpu, layer_mod.TRITON_MIN_ENTRIES - 1)
+    large = dk.available_backends(gpu, layer_mod.TRITON_MIN_ENTRIES)
+    assert small == ("cuda", "triton", "torch") and large == ("triton", "cuda", "torch")
+    assert dk.available_backends(gpu) == small
+    assert dk.available_backends(torch.device("cpu"), 10 ** 9)[0] == "cpu"
+
+
 def test_repr_and_parameters():
     layer = dk.FusedImplicitDiffusion(16, metric_channels=8)
     shapes = {k: tuple(v.shape) for k, v in layer.named_parameters()}

@@ -233,10 +233,31 @@ def test_instruction_set_variants_agree(tmp_path):
 
 # ------------------------------------------------------------------ bad input --
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mu=0.0), "mu must be a finite number > 0"),
+    (dict(mu=-1.0), "mu must be a finite number > 0"),
+    (dict(mu=float("nan")), "mu must be a finite number > 0"),
+    (dict(mu=float("inf")), "mu must be a finite number > 0"),
+    (dict(mu=2.0, max_iter=0), "max_iter must be an integer >= 1"),
+    (dict(mu=2.0, max_iter=2.5), "max_iter must be an integer >= 1"),
+    (dict(mu=2.0, tol=-1e-3), "tol must be a finite number >= 0"),
+    (dict(mu=2.0, eps=0.0), "eps must be a finite number > 0"),
+])
+def test_op_scalar_errors(kwargs, match):
+    """Checked in Python before any backend runs (on CUDA a C++-side mu = 0 crashed)."""
+    g, x, p, q, a, chi = graph_inputs()
+    with pytest.raises(ValueError, match=match):
+        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **kwargs)
+    if match.startswith("mu"):
+        with pytest.raises(ValueError, match=match):
+            ops.diffusion_step(g.rowptr, g.col, a, chi, chi, x, x, kwargs["mu"])
+
+
 def test_op_argument_errors():
     g, x, p, q, a, chi = graph_inputs()
-    with pytest.raises(RuntimeError, match="mu must be > 0"):
-        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, mu=0.0)
+    with pytest.raises(RuntimeError, match="mu must be > 0"):  # the C++ check, called directly
+        torch.ops.dignn.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, None, 0.0, 1e-6,
+                                           10, 1e-6, None, None, None)
     with pytest.raises(RuntimeError, match="x has 19 rows but the graph has 20 nodes"):
         ops.implicit_diffusion(g.rowptr, g.col, a, x[:19], chi, p, q, mu=2.0)
     with pytest.raises(RuntimeError, match="chi must have shape"):
@@ -244,7 +265,8 @@ def test_op_argument_errors():
     with pytest.raises(RuntimeError, match="p and q go together"):
         ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, None, mu=2.0)
     with pytest.raises(RuntimeError, match="max_iter must be >= 1"):
-        ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, mu=2.0, max_iter=0)
+        torch.ops.dignn.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, None, 2.0, 1e-6,
+                                           0, 1e-6, None, None, None)
     with pytest.raises(RuntimeError, match="rowptr must be int64"):
         ops.neural_edge_weights(g.rowptr.int(), g.col, a, p, q)
     with pytest.raises(RuntimeError, match="a must hold one value per edge"):
