@@ -6,15 +6,33 @@
 - :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, and generated graphs.
 - :mod:`dignn.spectral`: lambda_max(Delta) and the mu check.
 - :mod:`dignn.presets`, :mod:`dignn.training`: the paper's hyperparameters and training.
+- :mod:`dignn.device`: ``device="auto" | "cpu" | "cuda" | "cuda:N"`` and thread choice.
 - ``dignn train`` / ``dignn plot`` (:mod:`dignn.cli`): the command line.
+
+The names below are imported on first use, so that ``dignn --help`` does not load torch.
 """
-from .data import GraphDataset, NodeDataset, load_dataset
-from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
-from .presets import TrainConfig, preset_config
-from .spectral import MuBelowSpectrumWarning, check_mu, estimate_lambda_max
-from .training import RunResult, train
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["DIGNNNodeClassifier", "DIGNNGraphClassifier", "NodeDataset", "GraphDataset",
-           "load_dataset", "TrainConfig", "preset_config", "MuBelowSpectrumWarning",
-           "check_mu", "estimate_lambda_max", "RunResult", "train"]
+
+_EXPORTS = {
+    "DIGNNNodeClassifier": "models", "DIGNNGraphClassifier": "models",
+    "NodeDataset": "data", "GraphDataset": "data", "load_dataset": "data",
+    "TrainConfig": "presets", "preset_config": "presets",
+    "MuBelowSpectrumWarning": "spectral", "check_mu": "spectral",
+    "estimate_lambda_max": "spectral", "RunResult": "training", "train": "training",
+    "resolve_device": "device",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dignn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

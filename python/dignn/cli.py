@@ -61,8 +61,26 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
                         "(default $DIGNN_CACHE or ~/.cache/dignn)")
 
 
+def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
+    """Where and how a run executes: device, threads, compilation, progress."""
+    from .catalog import DEVICE_HELP
+    p.add_argument("--device", default="auto", metavar="DEV", help=DEVICE_HELP)
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="torch CPU threads (default: 1 for small graphs, where more threads "
+                        "only wait on each other, else every core this process may use)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="torch.compile each model's forward (default: off)")
+    p.add_argument("--sync-every", type=_positive_int, default=10, metavar="K",
+                   help="epochs between the host reads that update the progress bar and "
+                        "test --patience (default: 10; nothing else leaves the device)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                   default=progress_default,
+                   help=f"progress bars on stderr (default: {'on' if progress_default else 'off'})")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .data import DATASETS
+    # Only torch-free modules here: `dignn --help` must not wait for torch to import.
+    from .catalog import DATASETS
     from .presets import PRESETS
     parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,35 +90,49 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", default="csbm", choices=sorted(DATASETS), type=str.lower,
                    help="dataset (default: csbm, a generated graph that needs no files)")
     _add_data_args(t)
-    t.add_argument("--laplacian", default="neural", choices=["neural", "rw"])
+    t.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
+                   help="the implicit layer's Laplacian: neural (the learnable graph neural "
+                        "Laplacian Delta_Phi, table 7) or rw (random walk, table 6); "
+                        "default: neural")
     t.add_argument("--splits", type=_int_list, default=None, metavar="0,1,...",
                    help="split (fold) indices to run (default: all)")
-    t.add_argument("--epochs", type=_positive_int, default=None, metavar="N")
+    t.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
+                   help="training epochs per split (default: the preset's)")
     t.add_argument("--preset", default="tuned", choices=list(PRESETS),
                    help="hyperparameters: 'paper' = appendix tables 6 (rw) and 7 (neural); "
                         "'tuned' (default) = those with the changes listed in the README")
     t.add_argument("--json", metavar="PATH", default=None,
                    help='write {"dataset", "laplacian", "test_acc": [per split], "mean", '
-                        '"std"} (accuracies as fractions) and run details')
+                        '"std"} (accuracies as fractions), the device, torch version, backend, '
+                        'ms per epoch and the config')
     over = t.add_argument_group("overrides of the preset")
-    over.add_argument("--mu", type=float, default=None)
-    over.add_argument("--hidden", type=_positive_int, default=None)
-    over.add_argument("--lr", type=float, default=None)
-    over.add_argument("--weight-decay", type=float, default=None)
-    over.add_argument("--dropout", type=float, default=None)
-    over.add_argument("--max-iter", type=_positive_int, default=None)
-    over.add_argument("--tol", type=float, default=None)
-    over.add_argument("--input-unit", choices=["mlp", "adj", "linkx"], default=None)
-    over.add_argument("--patience", type=_positive_int, default=None,
+    over.add_argument("--mu", type=float, default=None, metavar="MU",
+                      help="source-constraint strength mu > 0 of Z = X - (1/mu) Delta Z")
+    over.add_argument("--hidden", type=_positive_int, default=None, metavar="N",
+                      help="hidden width (the paper's num hid)")
+    over.add_argument("--lr", type=float, default=None, metavar="LR",
+                      help="Adam learning rate")
+    over.add_argument("--weight-decay", type=float, default=None, metavar="WD",
+                      help="Adam weight decay")
+    over.add_argument("--dropout", type=float, default=None, metavar="P",
+                      help="dropout rate after each layer, in [0, 1)")
+    over.add_argument("--max-iter", type=_positive_int, default=None, metavar="N",
+                      help="most iterations (CSR sweeps) of the implicit layer's solves")
+    over.add_argument("--tol", type=float, default=None, metavar="TOL",
+                      help="relative tolerance of the solves (the paper's threshold)")
+    over.add_argument("--input-unit", choices=["mlp", "adj", "linkx"], default=None,
+                      help="input unit: mlp on X, adj on A X, or linkx "
+                           "MLP(concat(MLP(A), MLP(X)))")
+    over.add_argument("--patience", type=_positive_int, default=None, metavar="N",
                       help="stop a split after N epochs without a better validation accuracy")
-    over.add_argument("--seed", type=int, default=None)
+    over.add_argument("--seed", type=int, default=None, metavar="S",
+                      help="base seed; split k trains with seed S + k")
     over.add_argument("--solver", choices=["fixed_point", "cg", "anderson"], default=None,
                       help="the implicit layer's solver (cg: exact for every mu > 0)")
-    over.add_argument("--spectral-norm", action="store_true", default=None,
-                      help="spectrally normalize the neural Laplacian's Θχ and Θφ")
-    t.add_argument("--threads", type=_positive_int, default=None,
-                   help="torch CPU threads (default: torch's choice)")
-    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
+                      help="spectrally normalize the neural Laplacian's Θχ and Θφ "
+                           "(--no-spectral-norm turns off what a preset turns on)")
+    _add_run_args(t, progress_default=True)
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
     psub = p.add_subparsers(dest="figure", required=True)
@@ -110,19 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "cora,chameleon)")
     c.add_argument("--mu", type=float, default=2.0, help="mu (the paper uses 2)")
     c.add_argument("--max-iter", type=_positive_int, default=30, help="iterations to plot")
-    c.add_argument("--out", default="dignn_convergence.png", metavar="PNG")
+    c.add_argument("--out", default="dignn_convergence.png", metavar="PNG",
+                   help="the figure's path (default: dignn_convergence.png)")
     m = psub.add_parser("mu", help="residual, generalization gap and accuracy against mu")
-    m.add_argument("--dataset", default="csbm", type=str.lower)
+    m.add_argument("--dataset", default="csbm", type=str.lower,
+                   help="node dataset (default: csbm; the paper: cora)")
     m.add_argument("--mus", type=_float_list, default=[1.0, 1.25, 1.5, 2.0, 2.5, 5.0],
-                   metavar="1,1.25,...")
+                   metavar="1,1.25,...", help="the values of mu to train with")
     m.add_argument("--max-iter", type=_positive_int, default=10, help="T (the paper: 10)")
-    m.add_argument("--out", default="dignn_mu.png", metavar="PNG")
+    m.add_argument("--out", default="dignn_mu.png", metavar="PNG",
+                   help="the figure's path (default: dignn_mu.png)")
     for q in (c, m):
         _add_data_args(q)
         q.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
                        help="training epochs per model (default: the preset's)")
         q.add_argument("--json", metavar="PATH", default=None, help="also write the numbers")
-        q.add_argument("--progress", action="store_true", help="show progress bars")
+        _add_run_args(q, progress_default=False)
     return parser
 
 
@@ -147,13 +182,43 @@ def _show_warnings() -> None:
     warnings.showwarning = show
 
 
-def _train(args) -> int:
+def _run_setup(args, prog: str):
+    """The device of ``--device`` (or None after printing the one-line error)."""
+    from .device import DeviceUnavailableError, resolve_device
+    try:
+        return resolve_device(args.device)
+    except DeviceUnavailableError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return None
+
+
+def _sweep_work(dataset, hidden: int) -> int:
+    """(nodes + edges) x channels of one CSR sweep: of the graph for node tasks, of a batch
+    of graphs for graph classification."""
+    if dataset.task == "node":
+        return (dataset.num_nodes + dataset.edge_index.size(1)) * hidden
+    graphs = dataset.graphs
+    per_graph = sum(g.num_nodes + g.num_edges for g in graphs) / max(len(graphs), 1)
+    return int(per_graph * 128 * hidden)
+
+
+def _set_threads(args, work: int) -> str:
+    """Sets torch's CPU threads and says how many and why."""
     import torch
+    from .device import choose_threads
+    threads, why = choose_threads(work, args.threads)
+    torch.set_num_threads(threads)
+    return f"{threads} CPU thread{'s' if threads > 1 else ''} ({why})"
+
+
+def _train(args) -> int:
     from .data import DatasetUnavailableError, load_dataset
+    from .device import describe_device
     from .presets import preset_config
     from .training import train
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = _run_setup(args, "dignn train")
+    if device is None:
+        return 2
     try:
         config = preset_config(args.dataset, args.laplacian, args.preset, mu=args.mu,
                                hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
@@ -167,7 +232,11 @@ def _train(args) -> int:
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
+    threads = _set_threads(args, _sweep_work(dataset, config.hidden))
+    env = describe_device(device)
     print(f"{dataset.description}", flush=True)
+    print(f"device {env['device']} ({env['device_name']}), torch {env['torch']}, {threads}",
+          flush=True)
     shown = {k: v for k, v in config.as_dict().items()
              if k not in ("backend",) and not (dataset.task == "node" and
                                                 k in ("batch_size", "pooling"))}
@@ -176,12 +245,12 @@ def _train(args) -> int:
 
     def report(r):
         print(f"split {r.split}: test acc {100 * r.test_acc:.2f}% (val {100 * r.val_acc:.2f}%"
-              f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, lambda_max "
-              f"{r.lambda_max_start:.3g} -> {r.lambda_max_end:.3g}, mu {config.mu:g})",
-              flush=True)
+              f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, "
+              f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
+              f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
     try:
-        run = train(dataset, config, args.splits, progress=not args.no_progress,
-                    on_split=report)
+        run = train(dataset, config, args.splits, progress=args.progress, on_split=report,
+                    device=device, compile_model=args.compile, sync_every=args.sync_every)
     except ValueError as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
@@ -189,6 +258,10 @@ def _train(args) -> int:
     accs = ", ".join(f"{100 * a:.2f}" for a in run.test_acc)
     print(f"{dataset.name} ({config.laplacian}): test accuracy {100 * run.mean:.2f} +- "
           f"{100 * run.std:.2f} % over {len(run.splits)} split(s) [{accs}] in {total:.1f} s")
+    backends = ",".join(sorted({s.backend for s in run.splits if s.backend}))
+    print(f"  {run.ms_per_epoch:.2f} ms per epoch (train step + evaluation) on "
+          f"{env['device_name']}, backend {backends}, torch {env['torch']}"
+          f"{', compiled' if args.compile else ''}")
     if dataset.task == "graph":
         peak = [s.test_acc_max for s in run.splits]
         print(f"  for comparison only (test-set selection, not an estimate): the best test "
@@ -198,6 +271,7 @@ def _train(args) -> int:
         record = run.to_json()
         record["preset"] = args.preset
         record["wall_seconds"] = round(total, 2)
+        record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
@@ -207,12 +281,18 @@ def _train(args) -> int:
 def _plot(args) -> int:
     from .data import DatasetUnavailableError
     from . import plot
+    device = _run_setup(args, "dignn plot")
+    if device is None:
+        return 2
+    def threads(work):
+        print(f"device {device}, {_set_threads(args, work)}", flush=True)
+    run = dict(device=device, progress=args.progress, compile_model=args.compile,
+               sync_every=args.sync_every, threads=threads)
     try:
         if args.figure == "convergence":
             names = [n.strip().lower() for n in args.datasets.split(",") if n.strip()]
             study = plot.convergence_study(names, args.data_root, args.cache_dir, mu=args.mu,
-                                           num_iter=args.max_iter, epochs=args.epochs,
-                                           progress=args.progress)
+                                           num_iter=args.max_iter, epochs=args.epochs, **run)
             path = plot.plot_convergence(study, args.out)
             for name, row in study.items():
                 print(f"{name}: ||Z_t - Z_t-1||_F from {row['residuals'][0]:.3g} (t=1) to "
@@ -220,8 +300,7 @@ def _plot(args) -> int:
                       f"lambda_max ~ {row['lambda_max']:.3g}, mu {row['mu']:g}")
         else:
             study = plot.mu_study(args.dataset, args.mus, args.data_root, args.cache_dir,
-                                  epochs=args.epochs, max_iter=args.max_iter,
-                                  progress=args.progress)
+                                  epochs=args.epochs, max_iter=args.max_iter, **run)
             path = plot.plot_mu(study, args.out)
             for i, mu in enumerate(study["mu"]):
                 print(f"mu {mu:g}: residual {study['residual'][i]:.3g}, gap "

@@ -32,6 +32,7 @@ validation set, the other eight train).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -43,6 +44,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 from torch import Tensor
+
+from .catalog import DATASETS
 
 __all__ = [
     "NodeDataset", "GraphDataset", "Split", "DATASETS", "DatasetUnavailableError",
@@ -68,6 +71,10 @@ class Split:
     def sizes(self) -> Tuple[int, int, int]:
         return self.train.numel(), self.val.numel(), self.test.numel()
 
+    def to(self, device, non_blocking: bool = False) -> "Split":
+        return Split(*(t.to(device, non_blocking=non_blocking)
+                       for t in (self.train, self.val, self.test)))
+
 
 @dataclass
 class NodeDataset:
@@ -87,6 +94,20 @@ class NodeDataset:
     @property
     def num_nodes(self) -> int:
         return self.y.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.y.device
+
+    def to(self, device) -> "NodeDataset":
+        """The same dataset with features (dense or sparse), labels, edges and every split's
+        indices on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.y.device == device:
+            return self
+        return dataclasses.replace(self, x=self.x.to(device), y=self.y.to(device),
+                                   edge_index=self.edge_index.to(device),
+                                   splits=[s.to(device) for s in self.splits])
 
     @property
     def num_features(self) -> int:
@@ -416,13 +437,6 @@ def _mutag(data_root, cache_dir) -> GraphDataset:
     y = torch.cat([g.y for g in ds]).long()
     return GraphDataset("mutag", ds, ds.num_features, ds.num_classes, stratified_folds(y),
                         "MUTAG (TUDataset, stratified 10-fold CV, seed 0)")
-
-
-DATASETS: Dict[str, str] = {
-    "csbm": "node", "penn94-synthetic": "node", "cora": "node", "chameleon": "node",
-    "chameleon-directed": "node",
-    "amherst41": "node", "cornell5": "node", "penn94": "node", "mutag": "graph",
-}
 
 
 def load_dataset(name: str = "csbm", data_root: Optional[PathLike] = None,

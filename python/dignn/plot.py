@@ -12,11 +12,12 @@ a PNG with matplotlib's non-interactive Agg backend.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from .data import load_dataset
+from .device import resolve_device
 from .presets import preset_config
 from .spectral import fixed_point_residuals
 from .training import train_node_split
@@ -31,8 +32,21 @@ def _pyplot():
     return plt
 
 
-def _trained(dataset, config, progress: bool):
-    result = train_node_split(dataset, config, 0, progress=progress, keep_model=True)
+def _load(name, data_root, cache_dir, device, threads: Optional[Callable[[int], None]],
+          hidden: int):
+    """A node dataset on ``device``; ``threads(work)`` (the CLI's thread choice) is told the
+    size of one sweep."""
+    data = load_dataset(name, data_root, cache_dir)
+    if data.task != "node":
+        raise ValueError(f"the figures are drawn on node datasets; {name!r} is a graph "
+                         f"classification dataset")
+    if threads is not None:
+        threads((data.num_nodes + data.edge_index.size(1)) * hidden)
+    return data.to(resolve_device(device))
+
+
+def _trained(dataset, config, progress: bool, **run):
+    result = train_node_split(dataset, config, 0, progress=progress, keep_model=True, **run)
     model = result.model
     model.eval()
     with torch.no_grad():
@@ -42,17 +56,18 @@ def _trained(dataset, config, progress: bool):
 
 def convergence_study(datasets: Sequence[str] = ("csbm",), data_root=None, cache_dir=None,
                       mu: float = 2.0, num_iter: int = 30, epochs: Optional[int] = None,
-                      progress: bool = False) -> Dict[str, Dict]:
+                      progress: bool = False, device="auto",
+                      threads: Optional[Callable[[int], None]] = None,
+                      **run) -> Dict[str, Dict]:
     """For each dataset: trains DIGNN-Delta_Phi on split 0 (``mu``, the rest from the preset)
-    and records ||Z_t - Z_{t-1}||_F for t = 1..num_iter at the trained layer's input."""
+    and records ||Z_t - Z_{t-1}||_F for t = 1..num_iter at the trained layer's input.
+    ``device`` and ``run`` (``compile_model``, ``sync_every``) as for
+    :func:`dignn.training.train_node_split`."""
     out = {}
     for name in datasets:
-        data = load_dataset(name, data_root, cache_dir)
-        if data.task != "node":
-            raise ValueError(f"the convergence study is for node datasets; {name!r} is a "
-                             f"graph classification dataset")
         config = preset_config(name, "neural", mu=mu, epochs=epochs)
-        result, model, h = _trained(data, config, progress)
+        data = _load(name, data_root, cache_dir, device, threads, config.hidden)
+        result, model, h = _trained(data, config, progress, **run)
         residuals = fixed_point_residuals(model.diffusion, h, data.edge_index, num_iter)
         out[data.name] = {"mu": mu, "residuals": residuals, "test_acc": result.test_acc,
                           "lambda_max": result.lambda_max_end, "epochs": config.epochs}
@@ -61,20 +76,20 @@ def convergence_study(datasets: Sequence[str] = ("csbm",), data_root=None, cache
 
 def mu_study(dataset: str = "csbm", mus: Sequence[float] = (1.0, 1.25, 1.5, 2.0, 2.5, 5.0),
              data_root=None, cache_dir=None, epochs: Optional[int] = None,
-             max_iter: int = 10, progress: bool = False) -> Dict[str, List]:
+             max_iter: int = 10, progress: bool = False, device="auto",
+             threads: Optional[Callable[[int], None]] = None, **run) -> Dict[str, List]:
     """For each mu: trains DIGNN-Delta_Phi with spectrally normalized Θχ, Θφ and ``max_iter``
     iterations on split 0, and records ||Z_T - Z_{T-1}||_F (T = max_iter), the generalization
-    gap |test loss - train loss| and the test accuracy at the selected epoch."""
-    data = load_dataset(dataset, data_root, cache_dir)
-    if data.task != "node":
-        raise ValueError(f"the mu study is for node datasets; {dataset!r} is a graph "
-                         f"classification dataset")
+    gap |test loss - train loss| and the test accuracy at the selected epoch. ``device`` and
+    ``run`` as for :func:`convergence_study`."""
+    data = _load(dataset, data_root, cache_dir, device, threads,
+                 preset_config(dataset, "neural").hidden)
     rows = {"dataset": data.name, "mu": [], "residual": [], "gap": [], "test_acc": [],
             "lambda_max": []}
     for mu in mus:
         config = preset_config(dataset, "neural", mu=float(mu), max_iter=max_iter,
                                epochs=epochs, spectral_norm=True)
-        result, model, h = _trained(data, config, progress)
+        result, model, h = _trained(data, config, progress, **run)
         residual = fixed_point_residuals(model.diffusion, h, data.edge_index, max_iter)[-1]
         rows["mu"].append(float(mu))
         rows["residual"].append(residual)

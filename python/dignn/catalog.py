@@ -1,0 +1,15 @@
+"""The names the ``dignn`` command offers, kept free of heavy imports so that ``dignn --help``
+answers without loading torch (:mod:`dignn.data` holds the loaders behind these names)."""
+from typing import Dict
+
+__all__ = ["DATASETS", "DEVICE_HELP"]
+
+# dataset name -> task ("node" or "graph")
+DATASETS: Dict[str, str] = {
+    "csbm": "node", "penn94-synthetic": "node", "cora": "node", "chameleon": "node",
+    "chameleon-directed": "node",
+    "amherst41": "node", "cornell5": "node", "penn94": "node", "mutag": "graph",
+}
+
+DEVICE_HELP = ("where to train: auto (the GPU when one is visible, else the CPU), cpu, cuda "
+               "or cuda:N (default: auto)")
