@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
-# Everything a session with a GPU machine (the `device` tool) does for issue 3, in one call
-# of at most 10 minutes, from the repository root:
+# Build, test and benchmark on a GPU machine in one call of at most 10 minutes, from the
+# repository root:
 #
 #   1. record the device, driver, Python, torch, Triton and nvcc versions;
 #   2. build and install the package: `pip install --no-build-isolation --no-deps .`;
 #   3. run the GPU tests: `pytest -m cuda tests` (marker `cuda`);
-#   4. run the GPU benchmark: bench/test_gpu_speed.py (pytest-benchmark JSON + summary).
+#   4. run the GPU benchmark: bench/test_gpu_speed.py (pytest-benchmark JSON + summary);
+#   5. time `dignn train` per epoch on the real datasets and the Penn94-shaped graph, per
+#      backend (bench/gpu_epochs.py).
 #
 # Everything lands in $OUT (the files that come back), named as they go under bench/results/:
 #   gpu_<device>_run.json      device, versions, build time, test pass/fail/skip counts
 #   gpu_<device>.json          the pytest-benchmark JSON
 #   gpu_<device>_summary.txt   the benchmark's table and every goal met or missed
-#   session.log, build.log, tests.log, bench.log
+#   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
+#   session.log, build.log, tests.log, bench.log, epochs.log
 # and copies of the first three under bench/results/ of the tree it ran in.
 #
-# Usage:  bash bench/gpu_session.sh [all|tests|bench]     (default all; tests/bench skip the
-#         build when dignn_kernels with CUDA kernels is already installed, e.g. on a warm machine)
-# Data:   cornell5 is read from $DIGNN_DATA, else ./shared/data, else ./.bench_data (a folder
-#         listed in .git/info/exclude, passed to the device tool in `carry`); without it the
-#         cornell5 runs are skipped and the summary says so.
-# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT (seconds; default 200, 190, 170).
+# Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs]  (default all; the others skip
+#         the build when dignn_kernels with CUDA kernels is already installed)
+# Data:   the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA,
+#         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, passed
+#         to the device tool in `carry`); graphs whose files are missing are skipped and the
+#         summaries say so.
+# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT (seconds; default 200,
+#         190, 170, 150).
 set -x -o pipefail
 
 MODE="${1:-all}"
@@ -100,15 +105,23 @@ if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "bench" ]; }; t
   bench_rc=$?
 fi
 
-$PY - "$OUT" "$slug" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" <<'EOF'
+epochs_rc=null
+if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; then
+  timeout "${EPOCHS_TIMEOUT:-150}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda \
+    2>&1 | tee "$OUT/epochs.log"
+  epochs_rc=$?
+fi
+
+$PY - "$OUT" "$slug" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, slug, build_rc, build_s, tests_rc, bench_rc = sys.argv[1:]
+out, slug, build_rc, build_s, tests_rc, bench_rc, epochs_rc = sys.argv[1:]
 import torch
 run = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
        "torch": torch.__version__, "cuda": torch.version.cuda,
        "build_rc": int(build_rc), "build_seconds": json.loads(build_s),
        "tests_rc": json.loads(tests_rc), "bench_rc": json.loads(bench_rc),
+       "epochs_rc": json.loads(epochs_rc),
        "versions": Path(out, "versions.txt").read_text().splitlines()}
 xml = Path(out, "tests.xml")
 if xml.exists():
@@ -127,7 +140,8 @@ EOF
 
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
-  for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt"; do
+  for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
+           "gpu_${slug}_epochs.json"; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
 fi

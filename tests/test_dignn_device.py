@@ -175,3 +175,14 @@ def test_compiled_training_matches_eager(graph):
     assert compiled.best_epoch == eager.best_epoch
     assert compiled.val_history == pytest.approx(eager.val_history, abs=1e-6)
     assert compiled.test_loss == pytest.approx(eager.test_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_default_run_gives_no_warning(capsys):
+    """`dignn train` with no arguments (10 CSBM splits): mu stays above the trained
+    Laplacian's lambda_max on every split, so neither the spectral check nor the solver
+    warns."""
+    assert cli.main(["train", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err.lower(), captured.err
+    assert "over 10 split(s)" in captured.out and "1 CPU thread (small graph)" in captured.out

@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="base seed; split k trains with seed S + k")
     over.add_argument("--solver", choices=["fixed_point", "cg", "anderson"], default=None,
                       help="the implicit layer's solver (cg: exact for every mu > 0)")
+    over.add_argument("--backend", choices=["auto", "cpu", "cuda", "triton", "torch"],
+                      default=None,
+                      help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
+                           "GPU cuda, or triton for graphs of 2M CSR entries and more)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")
@@ -226,11 +230,16 @@ def _train(args) -> int:
                                input_unit=args.input_unit, epochs=args.epochs,
                                patience=args.patience, seed=args.seed,
                                spectral_norm=args.spectral_norm,
-                               solver=args.solver)
+                               solver=args.solver, backend=args.backend)
         start = time.perf_counter()
         dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
+        return 2
+    from dignn_kernels import available_backends
+    if config.backend != "auto" and config.backend not in available_backends(device):
+        print(f"dignn train: error: --backend {config.backend} cannot run on {device}; there: "
+              f"{', '.join(available_backends(device))} (or auto)", file=sys.stderr)
         return 2
     threads = _set_threads(args, _sweep_work(dataset, config.hidden))
     env = describe_device(device)
