@@ -5,31 +5,37 @@
 - :mod:`dignn_kernels.reference`: plain PyTorch straight from the paper (the test oracle).
 - :mod:`dignn_kernels.solvers`: fixed point, conjugate gradient and Anderson solves.
 """
+import glob
+import os
+
 import torch
 
 
 def _load_extension() -> None:
+    here = __path__[0]
     try:
         from . import _build_info
     except ImportError:
         raise ImportError(
-            "dignn_kernels' compiled extension is missing: install the package with "
-            "`pip install .` from the dignn-kernels source tree (`pip install -e .` to "
-            "develop), and do not import it from inside that tree.") from None
+            f"dignn_kernels at {here} is not built: run `pip install -e .` in that source tree "
+            f"to build it in place, or import the installed package from another directory"
+        ) from None
     if _build_info.TORCH_VERSION != torch.__version__:
         raise ImportError(
             f"dignn_kernels was built against torch {_build_info.TORCH_VERSION} but torch "
             f"{torch.__version__} is installed; rebuild it for this torch with "
-            f"`pip install --force-reinstall --no-deps --no-cache-dir .` from the "
-            f"dignn-kernels source tree.")
+            f"`pip install --force-reinstall --no-deps --no-cache-dir .` (or `pip install -e .`) "
+            f"in the dignn-kernels source tree")
     try:
         from . import _C  # noqa: F401  (registers the torch.ops.dignn operators)
     except ImportError as err:
+        if glob.glob(os.path.join(here, "_C*")):  # built, but it does not load: say why
+            raise ImportError(f"dignn_kernels' compiled extension at {here} does not load: "
+                              f"{err}; rebuild with `pip install -e .` there") from None
         raise ImportError(
-            f"dignn_kernels' compiled extension (_C) could not be loaded from "
-            f"{__path__[0]}: {err}. If that folder is the source tree rather than the installed "
-            f"package, run from another directory, or build in place with `pip install -e .`."
-        ) from None
+            f"dignn_kernels at {here} is a source tree without its compiled extension: run "
+            f"`pip install -e .` there to build it in place, or import the installed package "
+            f"from another directory") from None
 
 
 _load_extension()

@@ -101,3 +101,25 @@ def test_ci_runs_the_readme_test_command():
     assert command and command in readme
     assert "pytest" in command and "tests" in command
     assert "pip install" in readme.split("<!-- test-command")[0]  # the first command installs
+
+
+@pytest.mark.parametrize("state, message", [
+    ("no build", "is not built: run `pip install -e .` in that source tree"),
+    ("no extension", "is a source tree without its compiled extension: run `pip install -e .`"),
+])
+def test_source_tree_import_says_how_in_one_line(tmp_path, state, message):
+    """Importing dignn_kernels from a source checkout that was never built in place (the
+    repository root shadows the installed package) gives one line that names the fix."""
+    tree = tmp_path / "dignn_kernels"
+    tree.mkdir()
+    for f in (ROOT / "dignn_kernels").glob("*.py"):
+        if f.name != "_build_info.py":
+            shutil.copy(f, tree / f.name)
+    if state == "no extension":
+        (tree / "_build_info.py").write_text(f"TORCH_VERSION = {torch.__version__!r}\n"
+                                             "WITH_CUDA = False\nCUDA_ARCHS = ''\n")
+    done = subprocess.run([sys.executable, "-c", "import dignn_kernels"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: dignn_kernels at ") and message in last
