@@ -167,6 +167,16 @@ def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
 
 
 @triton.jit
+def _first_tile(pid_d, ROWS: tl.constexpr):
+    """pid_d == 0 as a [ROWS] block of booleans, to be and-ed with a row mask. A scalar
+    comparison and-ed with a block is valid compiled Triton, but Triton's interpreter
+    broadcasts a scalar comparison as int32 (its handle keeps the operands' dtype), and
+    triton >= 3.9's interpreter rejects an int32 store mask ("mask has unsupported dtype");
+    comparing a block gives booleans everywhere."""
+    return (tl.zeros([ROWS], dtype=tl.int32) + pid_d) == 0
+
+
+@triton.jit
 def _store_norms(part, index, diff_sq, out_sq):
     tl.store(part + 2 * index, diff_sq.to(tl.float64))
     tl.store(part + 2 * index + 1, out_sq.to(tl.float64))
@@ -288,7 +298,7 @@ def _neural_step_kernel(item_row, item_start, item_len, item_slot, num_items, co
     row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
                                                    num_items, pid, 0, ROWS)
     row64 = row.to(tl.int64)
-    first_tile = pid_d == 0
+    first_tile = _first_tile(pid_d, ROWS)  # [ROWS] block, see _first_tile
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=p.dtype.element_ty)
@@ -357,7 +367,7 @@ def _neural_combine_kernel(split_row, split_first, split_count, num_split, const
         if HAS_STEP:
             acc += tl.load(scratch + slot[:, None] * D + cols[None, :],
                            mask=smask[:, None] & cmask[None, :], other=0.0)
-    tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & (pid_d == 0))
+    tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & _first_tile(pid_d, ROWS))
     if HAS_STEP:
         done = tl.load(done_ptr)
         diff_sq, out_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi, x, z, out,
