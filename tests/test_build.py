@@ -34,6 +34,7 @@ assert err < 1e-10
 """
 
 
+@pytest.mark.slow
 def test_cmake_builds_the_library_for_cpp_users(tmp_path):
     """CMakeLists.txt builds the same csrc/ sources into libdignn_kernels, which registers
     working torch.ops.dignn operators when loaded (here into a process without the Python
