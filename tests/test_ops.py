@@ -231,6 +231,53 @@ def test_instruction_set_variants_agree(tmp_path):
                 assert rel_err(got, want) < tol, (isa, key)
 
 
+# ------------------------------------------------------------- thread count --
+
+def random_symmetric(n, degree, seed):
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (n * degree // 2,), generator=gen)
+    dst = torch.randint(0, n, (n * degree // 2,), generator=gen)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    return dk.build_graph(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]), n)
+
+
+# work = rows + edges: 9k runs as one chunk, 18k (many chunks before) and 220k as many
+# chunks (csrc/cpu/parallel_rows.h); the step norms summed over them are compared too.
+@pytest.mark.parametrize("n,degree", [(1500, 5), (3000, 5), (20000, 10)])
+def test_bitwise_same_at_any_thread_count(n, degree):
+    g = random_symmetric(n, degree, seed=n)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 64, generator=gen) * torch.rand(n, 1, generator=gen) ** 4
+    p = 0.3 * torch.randn(n, 16, generator=gen)
+    q = 0.3 * torch.randn(n, 16, generator=gen)
+    a, deg = g.values(torch.float32)
+    chi = deg * torch.tanh(p.norm(dim=1))
+    grad_z = torch.randn(n, 64, generator=gen)
+    o = torch.ops.dignn
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            out = []
+            for max_iter in (2, 3, 5):  # tol 0: stats after a fixed number of steps
+                z, w, kappa, stats = o.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, None,
+                                                          2.2, 1e-6, max_iter, 0.0, None, None,
+                                                          None)
+                back = o.implicit_diffusion_backward(g.rowptr, g.col, a, w, kappa, None, None,
+                                                     None, x, chi, p, q, z, grad_z, 2.2, 1e-6,
+                                                     max_iter, 0.0)
+                out += [z, w, kappa, stats, *back]
+            out.append(o.csr_fma(g.rowptr, g.col, a, x, grad_z, chi, deg))
+            results.append(out)
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            assert torch.equal(got, want)
+
+
 # ------------------------------------------------------------------ bad input --
 
 @pytest.mark.parametrize("kwargs, match", [
