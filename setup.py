@@ -68,7 +68,11 @@ def _write_build_info(with_cuda: bool, archs: str) -> None:
 
 def _extension():
     with_cuda = _with_cuda()
-    cxx_flags = ["-O3", "-fopenmp-simd"]  # torch adds its own -std
+    # -fopenmp: at::parallel_for is an inline template that only runs in parallel when the
+    # including file is compiled with OpenMP (without it the CPU passes were serial at any
+    # thread count; csrc/cpu/parallel_rows.h has the measurements). torch adds its own -std.
+    cxx_flags = ["-O3", "-fopenmp-simd", "-fopenmp"]
+    link_flags = ["-fopenmp"]
     define_macros = []
     archs = ""
     if with_cuda:
@@ -80,11 +84,12 @@ def _extension():
             "dignn_kernels._C", _sources(True), include_dirs=[str(ROOT / "csrc")],
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags,
-                                "nvcc": ["-O3", "-lineinfo"]})
+                                "nvcc": ["-O3", "-lineinfo"]},
+            extra_link_args=link_flags)
     else:
         ext = cpp_extension.CppExtension(
             "dignn_kernels._C", _sources(False), include_dirs=[str(ROOT / "csrc")],
-            extra_compile_args={"cxx": cxx_flags})
+            extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
     _write_build_info(with_cuda, archs)
     return ext
 

@@ -35,8 +35,8 @@ namespace cpu {
 // 4.5 -> 7.7 ms) and is clearly smaller from 50k on (neural_weight_grad 3.3 -> 1.7 ms vs
 // 3.1 -> 3.5 ms; csr_fma 193 -> 105 us vs 182 -> 240 us); the threshold lies between. The
 // default `dignn train` graph (CSBM, 9k work) runs single-threaded in the kernels.
-// Note: setup.py and CMakeLists.txt compile without -fopenmp, and without it
-// at::parallel_for runs every chunk on the calling thread whatever the threshold.
+// setup.py and CMakeLists.txt compile with -fopenmp: without it at::parallel_for runs every
+// chunk on the calling thread whatever the threshold (as every build before did).
 constexpr int64_t kSerialWork = 32768;
 // Above it: chunks of about this much work, at most kMaxChunks of them (enough to balance
 // any common thread count: the slowest thread gets at most one chunk more than its share).
