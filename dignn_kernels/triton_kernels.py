@@ -146,8 +146,9 @@ def _check_features(x: Tensor, x_name: str, n: int, rowptr: Tensor,
                            f"{list(x.shape)}")
     if x.shape[0] != n:
         raise RuntimeError(f"{rowptr_name} has {n} + 1 entries for {n} rows but {x_name} has "
-                           f"{x.shape[0]} rows: {rowptr_name} must hold num_nodes + 1 row "
-                           f"offsets and {x_name} one row per node")
+                           f"{x.shape[0]} rows ({x_name} has {x.shape[0]} rows but the graph "
+                           f"has {n} nodes): {rowptr_name} must hold num_nodes + 1 row offsets "
+                           f"and {x_name} one row per node")
     if x.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"{x_name} must be float32 or float64, got {x.dtype}; the layer "
                            f"computes float16/bfloat16 features in float32")

@@ -60,6 +60,13 @@ def inputs(dtype=torch.float64) -> Inputs:
                   kappa=c.kappa, x=c.x, z=c.z, v=c.v, g=c.g, cy=c.cy, rs=c.rs)
 
 
+def strided(s: Inputs) -> Inputs:
+    """The inputs with every CSR tensor a non-contiguous view."""
+    view = lambda t: torch.stack([t, t], dim=1)[:, 0]  # noqa: E731
+    return s.replace(**{k: view(getattr(s, k))
+                        for k in ("rowptr", "col", "t_rowptr", "t_col", "t_perm")})
+
+
 # op -> (call(api, s, **kw), its CSR's (rowptr, col) fields, its node signal's field, whether
 # it takes the transposed CSR)
 OPS = {

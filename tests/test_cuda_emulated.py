@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs
+from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, rel_err
 from dignn_kernels import ops
 from gpu_op_cases import check_against_cpu, graph_case
@@ -196,3 +196,15 @@ def test_check_graph_accepts_valid_graphs(emu, kind):
     emu.check_graph(case.rowptr, case.col, n)
     emu.check_graph(case.rowptr, case.col.long(), n, *case.t)
     emu.check_graph(case.rowptr, case.col, n, case.t[0], case.t[1], case.t[2].int())
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_strided_graph_tensors(emu, monkeypatch, op):
+    """A CSR of strided views gives the CPU ops' results through the GPU host code."""
+    s = strided(inputs())
+    want = OPS[op][0](ops, s)
+    monkeypatch.setattr(ops, "_ops", emu)
+    got = OPS[op][0](ops, s)
+    for a, b in zip(want if isinstance(want, tuple) else (want,),
+                    got if isinstance(got, tuple) else (got,)):
+        assert rel_err(b, a) < 1e-9, op

@@ -76,8 +76,8 @@ std::tuple<Tensor, Tensor> neural_edge_weights_cpu(const Tensor& rowptr, const T
   Tensor w = at::empty({col.numel()}, p.options());
   Tensor kappa = at::empty({n}, p.options());
   Tensor none;
-  neural_edge_pass(rowptr, col.contiguous(), a.contiguous(), p.contiguous(), q.contiguous(),
-                   eps, w, kappa, none, none, none, 0.0, none);
+  neural_edge_pass(rowptr.contiguous(), col.contiguous(), a.contiguous(), p.contiguous(),
+                   q.contiguous(), eps, w, kappa, none, none, none, 0.0, none);
   return {w, kappa};
 }
 
@@ -92,8 +92,9 @@ std::tuple<Tensor, Tensor> neural_edge_weights_backward_cpu(
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
   Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
   Tensor none;
-  neural_weight_grad_pass(rowptr, col.contiguous(), ac, p.contiguous(), q.contiguous(), eps,
-                          none, none, gw, t_rowptr, t_col.contiguous(),
+  neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p.contiguous(),
+                          q.contiguous(), eps, none, none, gw, t_rowptr.contiguous(),
+                          t_col.contiguous(),
                           ac.index_select(0, t_perm), gw.index_select(0, t_perm), grad_p,
                           grad_q);
   return {grad_p, grad_q};
@@ -107,9 +108,9 @@ std::tuple<Tensor, Tensor, Tensor> neural_diffusion_step_cpu(
   Tensor w = at::empty({col.numel()}, x.options());
   Tensor kappa = at::empty({n}, x.options());
   Tensor z_next = at::empty_like(x, at::MemoryFormat::Contiguous);
-  neural_edge_pass(rowptr, col.contiguous(), a.contiguous(), p.contiguous(), q.contiguous(),
-                   eps, w, kappa, chi.contiguous(), x.contiguous(), z.contiguous(), 1.0 / mu,
-                   z_next);
+  neural_edge_pass(rowptr.contiguous(), col.contiguous(), a.contiguous(), p.contiguous(),
+                   q.contiguous(), eps, w, kappa, chi.contiguous(), x.contiguous(),
+                   z.contiguous(), 1.0 / mu, z_next);
   return {z_next, w, kappa};
 }
 
@@ -119,7 +120,7 @@ Tensor diffusion_step_cpu(const Tensor& rowptr, const Tensor& col, const Tensor&
   check_cached_step_args(rowptr, col, w, chi, kappa, x, z, mu, /*adjoint=*/false);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
-  cached_step(rowptr, col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
+  cached_step(rowptr.contiguous(), col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
               z.contiguous(), out);
   return out;
 }
@@ -131,8 +132,8 @@ Tensor adjoint_step_cpu(const Tensor& t_rowptr, const Tensor& t_col, const Tenso
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   const Tensor t_cl = t_col.contiguous();
   Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  cached_step(t_rowptr, t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl), g.contiguous(), cy,
-              Tensor(), u.contiguous(), out);
+  cached_step(t_rowptr.contiguous(), t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl),
+              g.contiguous(), cy, Tensor(), u.contiguous(), out);
   return out;
 }
 
@@ -140,8 +141,8 @@ Tensor csr_fma_cpu(const Tensor& rowptr, const Tensor& col, const Tensor& w, con
                    const Tensor& b, const Tensor& cy, const Tensor& rs) {
   check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
   Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
-  cached_step(rowptr, col.contiguous(), w.contiguous(), b.contiguous(), cy.contiguous(),
-              rs.contiguous(), y.contiguous(), out);
+  cached_step(rowptr.contiguous(), col.contiguous(), w.contiguous(), b.contiguous(),
+              cy.contiguous(), rs.contiguous(), y.contiguous(), out);
   return out;
 }
 
@@ -154,8 +155,9 @@ std::tuple<Tensor, Tensor> neural_weight_grad_cpu(
   Tensor ac = a.contiguous();
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
   Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
-  neural_weight_grad_pass(rowptr, col.contiguous(), ac, p.contiguous(), q.contiguous(), eps,
-                          z.contiguous(), v.contiguous(), Tensor(), t.rowptr, t.col,
+  neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p.contiguous(),
+                          q.contiguous(), eps, z.contiguous(), v.contiguous(), Tensor(), t.rowptr,
+                          t.col,
                           t.defined() ? ac.index_select(0, t.perm) : Tensor(), Tensor(),
                           grad_p, grad_q);
   return {grad_p, grad_q};
@@ -175,6 +177,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
   const double inv_mu = 1.0 / mu;
   const Tensor x = x_in.contiguous();
   const Tensor chi = chi_in.contiguous();
+  const Tensor rp = rowptr.contiguous();
   const Tensor colc = col.contiguous();
   const Tensor value = edge_value.contiguous();
   Tensor p, q;
@@ -195,7 +198,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
     if (kappa_in.has_value()) {
       kappa = kappa_in->contiguous().clone();
     } else {
-      kappa = row_sums(rowptr, value);
+      kappa = row_sums(rp, value);
     }
     std::tie(cy, ca) = coefficient_vectors(chi, kappa, inv_mu);
   } else {
@@ -207,19 +210,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
   while (iters < max_iter && !converged(norms, tol) && !blew_up(norms)) {
     if (!have_weights) {
       // Iteration 2: the fused pass computes W, kappa and the step together.
-      norms = neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, chi, x, z, inv_mu,
+      norms = neural_edge_pass(rp, colc, value, p, q, eps, w, kappa, chi, x, z, inv_mu,
                                z_next);
       std::tie(cy, ca) = coefficient_vectors(chi, kappa, inv_mu);
       have_weights = true;
     } else {
-      norms = cached_step(rowptr, colc, w, x, cy, ca, z, z_next);
+      norms = cached_step(rp, colc, w, x, cy, ca, z, z_next);
     }
     std::swap(z, z_next);
     ++iters;
   }
   if (!have_weights) {  // stopped at iteration 1; the backward still needs W
     Tensor none;
-    neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, none, none, none, 0.0, none);
+    neural_edge_pass(rp, colc, value, p, q, eps, w, kappa, none, none, none, 0.0, none);
   }
   return {z, w, kappa, stats_tensor(iters, norms)};
 }
@@ -244,7 +247,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   // Adjoint u = g + cy.u + W^T (ca.u), u_0 = 0 so u_1 = g; rows of W^T are the
   // transposed CSR, or the CSR itself on a symmetric graph.
   const Tensor wc = w.contiguous();
-  const Tensor t_rp = t.defined() ? t.rowptr : rowptr;
+  const Tensor t_rp = t.defined() ? t.rowptr : rowptr.contiguous();
   const Tensor t_cl = t.defined() ? t.col : col.contiguous();
   const Tensor t_w = adjoint_weights(t.defined() ? wc.index_select(0, t.perm) : wc, ca, t_cl);
   Tensor u = g.clone();
@@ -266,7 +269,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
     Tensor ac = edge_value.contiguous();
     grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
     grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
-    neural_weight_grad_pass(rowptr, col.contiguous(), ac, p_in->contiguous(),
+    neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p_in->contiguous(),
                             q_in->contiguous(), eps, z, v, Tensor(), t.rowptr, t.col,
                             t.defined() ? ac.index_select(0, t.perm) : Tensor(), Tensor(),
                             grad_p, grad_q);

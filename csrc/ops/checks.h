@@ -58,7 +58,8 @@ inline void check_features(const at::Tensor& x, const char* name, int64_t n,
                            const at::Tensor& rowptr, const char* rowptr_name = "rowptr") {
   TORCH_CHECK(x.dim() == 2, name, " must be 2-D (nodes x channels), got shape ", x.sizes());
   TORCH_CHECK(x.size(0) == n, rowptr_name, " has ", n, " + 1 entries for ", n, " rows but ",
-              name, " has ", x.size(0), " rows: ", rowptr_name,
+              name, " has ", x.size(0), " rows (", name, " has ", x.size(0),
+              " rows but the graph has ", n, " nodes): ", rowptr_name,
               " must hold num_nodes + 1 row offsets and ", name, " one row per node");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, name,
               " must be float32 or float64, got ", x.scalar_type());
