@@ -92,7 +92,7 @@ def _system(edge_index, x, laplacian, mu):
         a, degree = graph.values(x.dtype)
         with torch.no_grad():
             chi, p, q = _layer("neural", mu)._projections(x, degree)
-        w, kappa = ops.neural_edge_weights(graph.rowptr, graph.col, a, p, q, 1e-6)
+        w, kappa = ops.neural_edge_weights(graph.rowptr, graph.col, a, p, q, 1e-6, trusted=True)
     else:
         w, chi, kappa = graph.fixed_laplacian(laplacian, x.dtype)
     system = solvers.EquilibriumSystem(ops, graph.rowptr, graph.col, w, chi, kappa, mu,

@@ -93,7 +93,7 @@ def test_cached_step(benchmark, graph):
     y = torch.randn(n, CHANNELS, device=DEVICE)
 
     def one():
-        tk.csr_fma(g.rowptr, g.col, w, y, x, cy, rs)
+        tk.csr_fma(g.rowptr, g.col, w, y, x, cy, rs, trusted=True)
 
     ms = _time_ms(one, 50)
     benchmark.pedantic(lambda: (one(), torch.cuda.synchronize()), rounds=20, iterations=1)

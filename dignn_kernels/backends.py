@@ -10,6 +10,10 @@ once for every backend:
 - ``implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, *, mu, eps, max_iter, tol,
   t_rowptr, t_col, t_perm) -> (z, stats)``: the differentiable fixed-point layer
 
+Each also takes ``trusted=True``, which the solvers pass: their graphs were checked once at
+the entry (or built by :mod:`dignn_kernels.graph`), so no sweep repeats the O(edges) graph
+check (:func:`dignn_kernels.ops.check_graph`).
+
 ``"cpu"`` and ``"cuda"`` are the compiled ``torch.ops.dignn`` operators (the dispatcher picks the
 device); ``"triton"`` is :mod:`dignn_kernels.triton_kernels`; ``"torch"`` is
 :mod:`dignn_kernels.torch_passes` (plain PyTorch, any device).

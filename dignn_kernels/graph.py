@@ -9,6 +9,10 @@ For the undirected graphs of the paper the distinction does not matter.
 Duplicate edges are summed (the Laplacian only ever sees sum_k a_k over parallel edges), so
 every graph is stored coalesced. Building a :class:`CSRGraph` costs a sort of the edges;
 :func:`cached_graph` keeps the result for a static graph so that later forward passes skip it.
+
+The node indices of the input are checked once, when the graph is built; the CSR built from
+them is valid by construction, so the layer passes it to the ops with ``trusted=True`` and
+never runs their O(edges) graph check (:func:`dignn_kernels.ops.check_graph`) per forward.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ class CSRGraph:
     value: Tensor  # float edge values a_ij [m]
     degree: Tensor  # D_i = sum_j a_ij [n], dtype of value
     symmetric: bool  # a_ij == a_ji for every pair, so W is symmetric
+    _checked: bool = field(default=False, repr=False)  # valid CSR (built here, or check())
     _transposed: Optional[Tuple[Tensor, Tensor, Tensor]] = field(default=None, repr=False)
     _by_dtype: Dict = field(default_factory=dict, repr=False)
 
@@ -75,6 +80,15 @@ class CSRGraph:
     @property
     def device(self) -> torch.device:
         return self.rowptr.device
+
+    def check(self) -> "CSRGraph":
+        """Runs :func:`dignn_kernels.ops.check_graph` on the CSR once (a graph assembled by
+        hand); graphs from :func:`build_graph` are valid by construction and skip it."""
+        if not self._checked:
+            from .ops import check_graph
+            check_graph(self.rowptr, self.col, self.num_nodes)
+            self._checked = True
+        return self
 
     def transposed(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
         """(t_rowptr, t_col, t_perm) for graphs that are not symmetric, else None: on a
@@ -159,6 +173,18 @@ def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
                          f"(valid indices are 0..{num_nodes - 1})")
 
 
+def _check_sparse_indices(rows: Tensor, cols: Tensor, num_nodes: int) -> None:
+    """The node indices of a sparse adjacency (torch does not check them unless asked)."""
+    for name, index in (("row", rows), ("column", cols)):
+        if index.numel() == 0:
+            continue
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= num_nodes:
+            raise IndexError(f"the sparse adjacency holds {name} index "
+                             f"{lo if lo < 0 else hi} but x has {num_nodes} nodes (valid "
+                             f"indices are 0..{num_nodes - 1})")
+
+
 def _check_edge_weight(edge_weight: Optional[Tensor], num_edges: int,
                        device: torch.device) -> None:
     if edge_weight is None:
@@ -213,7 +239,8 @@ def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> CSRGraph:
     degree = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, rows,
                                                                                 values)
     return CSRGraph(num_nodes=n, rowptr=rowptr, col=cols.to(index_dtype), value=values,
-                    degree=degree, symmetric=_is_symmetric(rows, cols, values, n))
+                    degree=degree, symmetric=_is_symmetric(rows, cols, values, n),
+                    _checked=True)
 
 
 def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
@@ -228,6 +255,7 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
         if size != (num_nodes, num_nodes):
             raise ValueError(f"the sparse adjacency has shape {list(size)} but x has "
                              f"{num_nodes} nodes; it must be [{num_nodes}, {num_nodes}]")
+        _check_sparse_indices(rows, cols, num_nodes)
         _check_edge_weight(values, values.numel(), values.device)
         return _from_coo(rows, cols, values, num_nodes)
     _check_edge_index(edge, num_nodes)

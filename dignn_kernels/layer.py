@@ -278,6 +278,8 @@ class FusedImplicitDiffusion(nn.Module):
         if edge_index.num_nodes != x.size(0):
             raise ValueError(f"the CSRGraph has {edge_index.num_nodes} nodes but x has "
                              f"{x.size(0)} rows")
+        if not torch.compiler.is_compiling():
+            edge_index.check()  # once per graph; a no-op for graphs from build_graph
         return edge_index
 
     def _param_dtype(self):
@@ -300,7 +302,7 @@ class FusedImplicitDiffusion(nn.Module):
                       solver=solver, backend=backend, check_every=self.check_every,
                       t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
                       diag_index=graph.diagonal_index() if solver == "cg" else None,
-                      host_checks=host_checks)
+                      host_checks=host_checks, trusted=True)  # checked once per graph
         call = solvers.implicit_diffusion
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)

@@ -9,8 +9,17 @@ Graph arguments are CSR: ``rowptr`` (int64, n + 1), ``col`` (int32 or int64, m) 
 values. ``t_rowptr, t_col, t_perm`` are the transposed CSR and, for each of its entries, the
 position of the same edge in the CSR; pass them for graphs whose edge values are not
 symmetric (:meth:`dignn_kernels.graph.CSRGraph.transposed` makes them).
+
+Every function that takes a CSR first runs :func:`check_graph` on it, an O(nodes + edges)
+pass that proves the kernels will not index out of bounds (rowptr starts at 0, never
+decreases and ends at the number of edges; every column is a node index; ``t_perm`` is a
+permutation). Callers that built the CSR themselves (:mod:`dignn_kernels.graph`, whose graphs
+are valid by construction; the layer and the solvers) pass ``trusted=True`` to skip it. The
+ops check shapes, dtypes and devices always (csrc/ops/checks.h). Bad graphs raise RuntimeError
+naming the argument, on every backend.
 """
 import math
+import re
 import weakref
 from typing import Optional, Tuple
 
@@ -20,7 +29,7 @@ from torch import Tensor
 __all__ = [
     "neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
     "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad", "implicit_diffusion",
-    "implicit_diffusion_backward", "backward_stats",
+    "implicit_diffusion_backward", "backward_stats", "check_graph",
 ]
 
 _ops = torch.ops.dignn
@@ -44,54 +53,115 @@ def _check_scalars(mu=None, eps=None, max_iter=None, tol=None) -> None:
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
 
 
+_CHECK_KERNEL = {}
+
+
+def _has_check_kernel(device_type: str) -> bool:
+    if device_type not in _CHECK_KERNEL:
+        key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+        _CHECK_KERNEL[device_type] = key is not None and \
+            torch._C._dispatch_has_kernel_for_dispatch_key("dignn::check_graph", key)
+    return _CHECK_KERNEL[device_type]
+
+
+def check_graph(rowptr: Tensor, col: Tensor, num_nodes: int, t_rowptr: Optional[Tensor] = None,
+                t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None) -> None:
+    """Raises RuntimeError, naming the argument and the first bad entry, unless (rowptr, col)
+    is a CSR of ``num_nodes`` rows whose columns are node indices: rowptr[0] == 0, rowptr
+    non-decreasing, rowptr[-1] == col.numel(), 0 <= col < num_nodes; the same of the transposed
+    CSR (t_rowptr, t_col) when given, and t_perm a permutation of 0..m-1. O(nodes + edges);
+    on a GPU it reads one flag back (a sync). On a device without a dignn kernel (CUDA tensors
+    with a CPU-only build, for the triton backend) it checks host copies."""
+    if isinstance(rowptr, Tensor) and rowptr.device.type != "cpu" and \
+            not _has_check_kernel(rowptr.device.type):
+        rowptr, col, t_rowptr, t_col, t_perm = (
+            t.cpu() if isinstance(t, Tensor) else t for t in (rowptr, col, t_rowptr, t_col,
+                                                              t_perm))
+    _ops.check_graph(rowptr, col, num_nodes, t_rowptr, t_col, t_perm)
+
+
+_CSR_NAMES = re.compile(r"(?<![\w])(rowptr|col)(?![\w])")
+
+
+def _check_graph(trusted: bool, rowptr, col, nodes, t_rowptr=None, t_col=None, t_perm=None, *,
+                 transposed: bool = False) -> None:
+    """:func:`check_graph` for an op whose node signal (n x d) is ``nodes``, unless the caller
+    vouches for the graph (``trusted``) or torch.compile traces (the graph's values are not
+    known then). Shared by every backend's Python face (this module, triton_kernels,
+    torch_passes, the solvers). When rowptr's length does not match ``nodes`` the data are not
+    checked: the op's own shape check then names rowptr and the node signal. ``transposed``:
+    the op's CSR is the arguments t_rowptr, t_col (adjoint_step), so messages name those."""
+    if trusted or torch.compiler.is_compiling():
+        return
+    if not (isinstance(rowptr, Tensor) and isinstance(nodes, Tensor) and rowptr.dim() == 1
+            and nodes.dim() >= 1 and rowptr.shape[0] == nodes.shape[0] + 1):
+        return
+    try:
+        check_graph(rowptr, col, nodes.shape[0], t_rowptr, t_col, t_perm)
+    except RuntimeError as err:
+        if not transposed:
+            raise
+        raise RuntimeError(_CSR_NAMES.sub(r"t_\1", str(err))) from None
+
+
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
-                        eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+                        eps: float = 1e-6, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
     their row sums kappa. Differentiable in p and q."""
     _check_scalars(eps=eps)
+    _check_graph(trusted, rowptr, col, p)
     return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
 
 
 def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
-                                 t_perm) -> Tuple[Tensor, Tensor]:
+                                 t_perm, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """dl/dp and dl/dq from dl/dW."""
+    _check_graph(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
     return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
                                              t_col, t_perm)
 
 
-def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float,
-                          eps: float = 1e-6) -> Tuple[Tensor, Tensor, Tensor]:
+def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float, eps: float = 1e-6, *,
+                          trusted: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """The fused forward pass: computes the neural edge weights and
     ``z_next = x - (1/mu) Delta z`` in one sweep. Returns (z_next, w, kappa)."""
     _check_scalars(mu=mu, eps=eps)
+    _check_graph(trusted, rowptr, col, x)
     return _ops.neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu, eps)
 
 
-def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float) -> Tensor:
+def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *,
+                   trusted: bool = False) -> Tensor:
     """One forward iteration with cached weights: ``x - (1/mu) Delta z``,
     Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x)."""
     _check_scalars(mu=mu)
+    _check_graph(trusted, rowptr, col, x)
     return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
 
 
-def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float) -> Tensor:
+def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float, *,
+                 trusted: bool = False) -> Tensor:
     """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T (the CSR of W
     itself when W is symmetric)."""
     _check_scalars(mu=mu)
+    _check_graph(trusted, t_rowptr, t_col, g, transposed=True)
     return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
 
 
-def csr_fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
+def csr_fma(rowptr, col, w, y, b, cy, rs, *, trusted: bool = False) -> Tensor:
     """The row pass under every iteration: ``out = b + cy * y + rs * (W y)`` with per-row
     ``cy`` and ``rs`` (n). With b = x, cy = -kappa/(mu chi), rs = 1/(mu chi) it is the forward
     step; on the CSR of W^T with weights W_ij rs_i, the adjoint step; with
     cy = -(chi + kappa/mu), rs = 1/mu, b = chi x, the residual of (C + L/mu) Z = C X."""
+    _check_graph(trusted, rowptr, col, y)
     return _ops.csr_fma(rowptr, col, w, y, b, cy, rs)
 
 
 def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
-                       t_col=None, t_perm=None) -> Tuple[Tensor, Tensor]:
+                       t_col=None, t_perm=None, *, trusted: bool = False
+                       ) -> Tuple[Tensor, Tensor]:
     """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
+    _check_graph(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
     return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
 
 
@@ -99,7 +169,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        chi: Tensor, p: Optional[Tensor] = None, q: Optional[Tensor] = None,
                        kappa: Optional[Tensor] = None, *, mu: float, eps: float = 1e-6,
                        max_iter: int = 10, tol: float = 1e-6, t_rowptr=None, t_col=None,
-                       t_perm=None) -> Tuple[Tensor, Tensor]:
+                       t_perm=None, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """Solves Z = X - (1/mu) Delta Z by fixed-point iteration from Z_0 = 0.
 
     Neural Laplacian when ``p`` and ``q`` are given (``edge_value`` = a); otherwise
@@ -109,6 +179,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     ``backward_stats(stats)`` gives the same three of the adjoint solve once a backward ran.
     """
     _check_scalars(mu=mu, eps=eps, max_iter=max_iter, tol=tol)
+    _check_graph(trusted, rowptr, col, x, t_rowptr, t_col, t_perm)
     z, _, _, stats = _ops.implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
                                              eps, max_iter, tol, t_rowptr, t_col, t_perm)
     return z, stats
@@ -143,6 +214,11 @@ def backward_stats(forward_stats: Tensor) -> Optional[Tensor]:
 
 def _num_nodes(rowptr: Tensor):
     return rowptr.shape[0] - 1
+
+
+@torch.library.register_fake("dignn::check_graph")
+def _(rowptr, col, num_nodes, t_rowptr=None, t_col=None, t_perm=None):
+    return None
 
 
 @torch.library.register_fake("dignn::neural_edge_weights")

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from .backends import kernels_for
 from .graph import diagonal_index
-from .ops import _file_backward_stats
+from .ops import _check_graph, _file_backward_stats
 from .reference import CHI_FLOOR
 
 __all__ = ["SOLVERS", "DivergenceWarning", "SolveResult", "EquilibriumSystem", "fixed_point",
@@ -142,7 +142,8 @@ class EquilibriumSystem:
         self._zeros = None
 
     def step(self, z: Tensor, x: Tensor) -> Tensor:
-        return self.kernels.csr_fma(self.rowptr, self.col, self.w, z, x, self.cy, self.ca)
+        return self.kernels.csr_fma(self.rowptr, self.col, self.w, z, x, self.cy, self.ca,
+                                    trusted=True)
 
     def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
         if self._adjoint is None:
@@ -154,7 +155,8 @@ class EquilibriumSystem:
             # entry (j, i) of W^T carries W_ij ca_i, so that W^T (ca.u) is one CSR product
             self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()])
         t_rowptr, t_col, t_w = self._adjoint
-        return self.kernels.csr_fma(t_rowptr, t_col, t_w, u, g, self.cy, self.ones)
+        return self.kernels.csr_fma(t_rowptr, t_col, t_w, u, g, self.cy, self.ones,
+                                    trusted=True)
 
     def _spd_terms(self):
         if self._spd is None:
@@ -182,7 +184,7 @@ class EquilibriumSystem:
         if self._zeros is None or self._zeros.shape != y.shape:
             self._zeros = torch.zeros_like(y)
         return self.kernels.csr_fma(self.rowptr, self.col, self.w, y, self._zeros, spd_cy,
-                                    spd_rs)
+                                    spd_rs, trusted=True)
 
     @property
     def inv_diagonal(self) -> Tensor:
@@ -519,7 +521,8 @@ def _system(kernels, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowpt
             t_perm, diag_index, w=None):
     if p is not None:
         if w is None:
-            w, kappa = kernels.neural_edge_weights(rowptr, col, edge_value, p, q, eps)
+            w, kappa = kernels.neural_edge_weights(rowptr, col, edge_value, p, q, eps,
+                                                   trusted=True)
     else:
         w = edge_value
         if kappa is None:  # row sums of the fixed weights
@@ -592,7 +595,7 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     if neural:
         v = u * system.ca.unsqueeze(1)
         grad_p, grad_q = kernels.neural_weight_grad(rowptr, col, edge_value, p, q, z, v, eps,
-                                                    t_rowptr, t_col, t_perm)
+                                                    t_rowptr, t_col, t_perm, trusted=True)
     else:
         grad_p, grad_q = x.new_empty(0), x.new_empty(0)
     return u, grad_chi, grad_p, grad_q, out.stats()
@@ -681,7 +684,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        window: int = ANDERSON_WINDOW, t_rowptr: Optional[Tensor] = None,
                        t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
                        diag_index: Optional[Tensor] = None,
-                       host_checks: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
+                       host_checks: Optional[bool] = None,
+                       trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """The differentiable equilibrium Z = X - (1/mu) Delta Z with a choice of solver; the
     arguments of :func:`dignn_kernels.ops.implicit_diffusion` plus:
 
@@ -694,7 +698,9 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
       0: always ``max_iter`` sweeps); ``window``: Anderson's history;
     - ``diag_index``: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed;
     - ``host_checks``: read the divergence flags on the host to warn (None: whenever
-      :func:`host_reads_allowed`; False: never, so the call does not synchronize).
+      :func:`host_reads_allowed`; False: never, so the call does not synchronize);
+    - ``trusted``: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
+      once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`.
 
     ``cg`` and ``anderson`` stop once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward:
     the adjoint's residual relative to ||g||_F); ``max_iter`` bounds the CSR sweeps. Returns
@@ -716,6 +722,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
         _check(check_every)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    _check_graph(trusted, rowptr, col, x, t_rowptr, t_col, t_perm)
     symmetric = t_rowptr is None
     solver = resolve_solver(solver, symmetric)
     host_checks = host_reads_allowed(x) if host_checks is None else \
@@ -723,7 +730,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     if solver == "fixed_point" and backend != "torch":
         z, stats = kernels_for(backend).implicit_diffusion(
             rowptr, col, edge_value, x, chi, p, q, kappa, mu=mu, eps=eps, max_iter=max_iter,
-            tol=tol, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
+            tol=tol, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm, trusted=True)
         if host_checks and bool(fixed_point_diverged(x.detach(), z.detach(), chi.detach(),
                                                         symmetric)):
             _warn_fixed_point_diverged(mu, stacklevel=3)

@@ -13,6 +13,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .ops import _check_graph
+
 __all__ = ["neural_edge_weights", "csr_fma", "neural_weight_grad", "implicit_diffusion"]
 
 
@@ -39,8 +41,9 @@ def _edge_terms(rowptr, col, p, q, eps):
 
 
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
-                        eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+                        eps: float = 1e-6, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and row sums kappa."""
+    _check_graph(trusted, rowptr, col, p)
     rows, _, pi, _, rho = _edge_terms(rowptr, col, p, q, eps)
     w = a * torch.tanh(1.0 / (rho + eps)) * torch.tanh(pi.abs())
     kappa = torch.zeros(p.size(0), dtype=p.dtype, device=p.device).index_add_(0, rows, w)
@@ -48,8 +51,9 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
 
 
 def csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
-            rs: Tensor) -> Tensor:
+            rs: Tensor, *, trusted: bool = False) -> Tensor:
     """out = b + cy * y + rs * (W y), W the CSR (rowptr, col, w)."""
+    _check_graph(trusted, rowptr, col, y)
     n = rowptr.numel() - 1
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
@@ -61,10 +65,12 @@ def csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Te
 def neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor, z: Tensor,
                        v: Tensor, eps: float = 1e-6, t_rowptr: Optional[Tensor] = None,
                        t_col: Optional[Tensor] = None,
-                       t_perm: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       t_perm: Optional[Tensor] = None, *,
+                       trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """dl/dp, dl/dq with dl/dW_ij = G_ij = v_i . (z_j - z_i) (laplacian_math.h). Each edge
     adds to both of its ends, so no transposed CSR is needed (the t_* arguments are accepted
     for the common signature)."""
+    _check_graph(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
     rows, cols, pi, dq, rho = _edge_terms(rowptr, col, p, q, eps)
     s = 1.0 / (rho + eps)
     t, t_s2 = _tanh_sech2(s)
@@ -84,10 +90,10 @@ def neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Ten
 
 def implicit_diffusion(rowptr, col, edge_value, x, chi, p=None, q=None, kappa=None, *, mu,
                        eps=1e-6, max_iter=10, tol=1e-6, t_rowptr=None, t_col=None,
-                       t_perm=None):
+                       t_perm=None, trusted=False):
     """The differentiable fixed-point layer on these passes (``solver="fixed_point"`` of
     :func:`dignn_kernels.solvers.implicit_diffusion`)."""
     from .solvers import implicit_diffusion as solve
     return solve(rowptr, col, edge_value, x, chi, p, q, kappa, mu=mu, eps=eps,
                  max_iter=max_iter, tol=tol, solver="fixed_point", backend="torch",
-                 t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
+                 t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm, trusted=trusted)

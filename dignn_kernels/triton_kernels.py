@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .graph import transpose_csr
-from .ops import _file_backward_stats, backward_stats
+from .ops import _check_graph, _file_backward_stats, backward_stats
 
 __all__ = [
     "available", "interpreted", "neural_edge_weights", "neural_edge_weights_backward",
@@ -139,12 +139,16 @@ def _check_values(t: Tensor, t_name: str, shape, like: Tensor, rowptr: Tensor) -
         raise RuntimeError(f"{t_name} is on {t.device} but the graph is on {rowptr.device}")
 
 
-def _check_features(x: Tensor, x_name: str, n: int, rowptr: Tensor) -> None:
+def _check_features(x: Tensor, x_name: str, n: int, rowptr: Tensor,
+                    rowptr_name: str = "rowptr") -> None:
     if x.dim() != 2:
         raise RuntimeError(f"{x_name} must be 2-D (nodes x channels), got shape "
                            f"{list(x.shape)}")
     if x.shape[0] != n:
-        raise RuntimeError(f"{x_name} has {x.shape[0]} rows but the graph has {n} nodes")
+        raise RuntimeError(f"{rowptr_name} has {n} + 1 entries for {n} rows but {x_name} has "
+                           f"{x.shape[0]} rows ({x_name} has {x.shape[0]} rows but the graph "
+                           f"has {n} nodes): {rowptr_name} must hold num_nodes + 1 row offsets "
+                           f"and {x_name} one row per node")
     if x.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"{x_name} must be float32 or float64, got {x.dtype}; the layer "
                            f"computes float16/bfloat16 features in float32")
@@ -175,15 +179,26 @@ def _check_scalars(mu: float, eps: float) -> None:
         raise RuntimeError(f"eps must be > 0, got {eps}")
 
 
-def _check_transposed(t_rowptr, t_col, t_perm, col) -> bool:
+def _check_transposed(t_rowptr, t_col, t_perm, rowptr, col) -> bool:
     given = [t is not None for t in (t_rowptr, t_col, t_perm)]
     if not any(given):
         return False
     if not all(given):
         raise RuntimeError("t_rowptr, t_col and t_perm go together: pass all three or none")
     _check_csr(t_rowptr, t_col, "t_rowptr", "t_col")
+    if t_rowptr.numel() != rowptr.numel():
+        raise RuntimeError(f"t_rowptr has {t_rowptr.numel()} entries but rowptr has "
+                           f"{rowptr.numel()}: the transposed CSR has the graph's num_nodes + 1 "
+                           f"row offsets")
+    if t_perm.dim() != 1 or t_perm.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(f"t_perm must be a 1-D int64 (or int32) tensor, got shape "
+                           f"{list(t_perm.shape)} and dtype {t_perm.dtype}")
     if t_col.numel() != col.numel() or t_perm.numel() != col.numel():
-        raise RuntimeError(f"t_col and t_perm must hold one entry per edge ({col.numel()})")
+        raise RuntimeError(f"t_col and t_perm must hold one entry per edge ({col.numel()}), "
+                           f"got {t_col.numel()} and {t_perm.numel()}")
+    if t_rowptr.device != rowptr.device or t_perm.device != rowptr.device:
+        raise RuntimeError(f"t_rowptr, t_col and t_perm must be on the graph's device "
+                           f"{rowptr.device}")
     return True
 
 
@@ -378,7 +393,7 @@ def _neural_edge_weights_backward(rowptr: Tensor, col: Tensor, a: Tensor, p: Ten
     n = _check_edge_values(rowptr, col, a, "a")
     _check_projections(p, q, p, n, rowptr)
     _check_values(grad_w, "grad_w", [col.numel()], p, rowptr)
-    _check_transposed(t_rowptr, t_col, t_perm, col)
+    _check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
     return _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
                                        t_perm)
 
@@ -471,7 +486,7 @@ def _(rowptr, col, w, chi, kappa, x, z, mu):
 def _adjoint_step(t_rowptr: Tensor, t_col: Tensor, t_w: Tensor, chi: Tensor, kappa: Tensor,
                   g: Tensor, u: Tensor, mu: float) -> Tensor:
     n = _check_edge_values(t_rowptr, t_col, t_w, "t_w", "t_rowptr", "t_col")
-    _check_features(g, "g", n, t_rowptr)
+    _check_features(g, "g", n, t_rowptr, "t_rowptr")
     _check_values(u, "u", g.shape, g, t_rowptr)
     _check_values(chi, "chi", [n], g, t_rowptr)
     _check_values(kappa, "kappa", [n], g, t_rowptr)
@@ -537,7 +552,7 @@ def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     _check_values(v, "v", z.shape, z, rowptr)
     _check_projections(p, q, z, n, rowptr)
     _check_values(a, "a", [col.numel()], z, rowptr)
-    directed = _check_transposed(t_rowptr, t_col, t_perm, col)
+    directed = _check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
     return _weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
                              (t_rowptr, t_col, t_perm) if directed else None)
 
@@ -591,8 +606,8 @@ class _Solve:
 def _implicit_diffusion_impl(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter,
                              tol, t_rowptr, t_col, t_perm):
     n = _check_edge_values(rowptr, col, edge_value, "edge_value")
-    _check_transposed(t_rowptr, t_col, t_perm, col)  # checked here, used by the backward
     _check_features(x, "x", n, rowptr)
+    _check_transposed(t_rowptr, t_col, t_perm, rowptr, col)  # checked here, used by the backward
     _check_values(chi, "chi", [n], x, rowptr)
     _check_values(edge_value, "edge_value", [col.numel()], x, rowptr)
     _check_scalars(mu, eps)
@@ -677,7 +692,7 @@ def _implicit_backward_impl(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, 
     if max_iter < 1:
         raise RuntimeError(f"max_iter must be >= 1, got {max_iter}")
     neural = p is not None and q is not None
-    directed = _check_transposed(t_rowptr, t_col, t_perm, col)
+    directed = _check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
     jit = _jit()
     g = grad_z.contiguous()
     solve = _Solve(g.clone(), tol)
@@ -764,50 +779,61 @@ _implicit_diffusion.register_autograd(_implicit_backward, setup_context=_implici
 
 
 # ------------------------------------------------------------ the Python face --
-# Same signatures as dignn_kernels.ops.
+# Same signatures as dignn_kernels.ops, with the same data checks of the graph
+# (dignn_kernels.ops.check_graph) unless trusted=True.
 
 _ops = torch.ops.dignn_triton
 
 
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
-                        eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+                        eps: float = 1e-6, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
     their row sums kappa. Differentiable in p and q."""
+    _check_graph(trusted, rowptr, col, p)
     return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
 
 
 def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
-                                 t_perm) -> Tuple[Tensor, Tensor]:
+                                 t_perm, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """dl/dp and dl/dq from dl/dW."""
+    _check_graph(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
     return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
                                              t_col, t_perm)
 
 
-def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float,
-                          eps: float = 1e-6) -> Tuple[Tensor, Tensor, Tensor]:
+def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float, eps: float = 1e-6, *,
+                          trusted: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """The fused forward pass: the neural edge weights and ``x - (1/mu) Delta z`` in one
     sweep. Returns (z_next, w, kappa)."""
+    _check_graph(trusted, rowptr, col, x)
     return _ops.neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu, eps)
 
 
-def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float) -> Tensor:
+def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *,
+                   trusted: bool = False) -> Tensor:
     """One forward iteration with cached weights: ``x - (1/mu) Delta z``."""
+    _check_graph(trusted, rowptr, col, x)
     return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
 
 
-def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float) -> Tensor:
+def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float, *,
+                 trusted: bool = False) -> Tensor:
     """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T."""
+    _check_graph(trusted, t_rowptr, t_col, g, transposed=True)
     return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
 
 
-def csr_fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
+def csr_fma(rowptr, col, w, y, b, cy, rs, *, trusted: bool = False) -> Tensor:
     """The row pass under every iteration: ``out = b + cy * y + rs * (W y)``."""
+    _check_graph(trusted, rowptr, col, y)
     return _ops.csr_fma(rowptr, col, w, y, b, cy, rs)
 
 
 def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
-                       t_col=None, t_perm=None) -> Tuple[Tensor, Tensor]:
+                       t_col=None, t_perm=None, *, trusted: bool = False
+                       ) -> Tuple[Tensor, Tensor]:
     """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
+    _check_graph(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
     return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
 
 
@@ -815,10 +841,12 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        chi: Tensor, p: Optional[Tensor] = None, q: Optional[Tensor] = None,
                        kappa: Optional[Tensor] = None, *, mu: float, eps: float = 1e-6,
                        max_iter: int = 10, tol: float = 1e-6, t_rowptr=None, t_col=None,
-                       t_perm=None) -> Tuple[Tensor, Tensor]:
+                       t_perm=None, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """Solves Z = X - (1/mu) Delta Z by fixed-point iteration from Z_0 = 0 on the device, with
-    no host sync. Same contract as :func:`dignn_kernels.ops.implicit_diffusion`: returns
-    ``(z, stats)``, stats on z's device; differentiable in x, chi, p and q."""
+    no host sync (past the graph check, which trusted=True skips). Same contract as
+    :func:`dignn_kernels.ops.implicit_diffusion`: returns ``(z, stats)``, stats on z's device;
+    differentiable in x, chi, p and q."""
+    _check_graph(trusted, rowptr, col, x, t_rowptr, t_col, t_perm)
     z, _, _, stats = _ops.implicit_diffusion(rowptr, col, edge_value, x, chi, p, q, kappa,
                                              float(mu), float(eps), int(max_iter), float(tol),
                                              t_rowptr, t_col, t_perm)

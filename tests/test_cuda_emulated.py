@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, rel_err
+from dignn_kernels import ops
 from gpu_op_cases import check_against_cpu, graph_case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,3 +154,57 @@ def test_argument_errors(emu):
                                1e-6, case.rowptr, None, None)
     with pytest.raises(RuntimeError, match="q must have dtype"):
         emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)
+
+
+@pytest.mark.parametrize("op,changes,regex", all_cases())
+def test_bad_graphs(emu, monkeypatch, op, changes, regex):
+    """Every bad graph through the Python face (dignn_kernels.ops) with the GPU host code
+    under it: the device version of check_graph (conditions on the device, one flag read
+    back) and the ops' shape checks. Each raises naming the argument, as on the CPU."""
+    monkeypatch.setattr(ops, "_ops", emu)
+    assert_raises_naming(lambda: OPS[op][0](ops, inputs().replace(**changes)), regex)
+
+
+@pytest.mark.parametrize("op,changes,regex", all_cases())
+def test_bad_graphs_direct(emu, op, changes, regex):
+    """The emulated ops called directly: a graph whose shapes are wrong is refused by the op
+    itself; one whose data are wrong by emu.check_graph, with the CPU op's message."""
+    s = inputs().replace(**changes)
+    if any(k in regex for k in ("entries for", "entries but")):
+        args = {"implicit_diffusion": lambda s: (s.rowptr, s.col, s.a, s.x, s.chi, s.p, s.q, None,
+                                                 3.0, 1e-6, 3, 0.0, s.t_rowptr, s.t_col,
+                                                 s.t_perm)}
+        if op in args:
+            assert_raises_naming(lambda: emu.implicit_diffusion(*args[op](s)), regex)
+            return
+        monkey = type("Raw", (), {name: staticmethod(getattr(emu, name)) for name in OPS})
+        assert_raises_naming(lambda: OPS[op][0](monkey, s), regex)
+        return
+    rp, cl = OPS[op][1]
+    t = (s.t_rowptr, s.t_col, s.t_perm) if OPS[op][3] else (None, None, None)
+    with pytest.raises(RuntimeError) as emulated:
+        emu.check_graph(getattr(s, rp), getattr(s, cl), N, *t)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.ops.dignn.check_graph(getattr(s, rp), getattr(s, cl), N, *t)
+    assert first_line(emulated.value) == first_line(cpu.value)
+
+
+@pytest.mark.parametrize("kind", GRAPH_KINDS + ["hub_in"])
+def test_check_graph_accepts_valid_graphs(emu, kind):
+    case = graph_case(kind)
+    n = case.x.size(0)
+    emu.check_graph(case.rowptr, case.col, n)
+    emu.check_graph(case.rowptr, case.col.long(), n, *case.t)
+    emu.check_graph(case.rowptr, case.col, n, case.t[0], case.t[1], case.t[2].int())
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_strided_graph_tensors(emu, monkeypatch, op):
+    """A CSR of strided views gives the CPU ops' results through the GPU host code."""
+    s = strided(inputs())
+    want = OPS[op][0](ops, s)
+    monkeypatch.setattr(ops, "_ops", emu)
+    got = OPS[op][0](ops, s)
+    for a, b in zip(want if isinstance(want, tuple) else (want,),
+                    got if isinstance(got, tuple) else (got,)):
+        assert rel_err(b, a) < 1e-9, op

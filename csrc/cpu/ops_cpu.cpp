@@ -14,7 +14,6 @@ namespace cpu {
 namespace {
 
 using at::Tensor;
-using OptTensor = c10::optional<Tensor>;
 
 // (cy, ca) per row, see row_coefficients in laplacian_math.h.
 std::pair<Tensor, Tensor> coefficient_vectors(const Tensor& chi, const Tensor& kappa,
@@ -50,21 +49,6 @@ Tensor row_sums(const Tensor& rowptr, const Tensor& values) {
   return out.index_add_(0, rows, values);
 }
 
-void check_graph_signal(const Tensor& rowptr, const Tensor& col, const Tensor& values,
-                        const char* values_name) {
-  check_csr(rowptr, col, "rowptr", "col");
-  TORCH_CHECK(values.dim() == 1 && values.numel() == col.numel(), values_name,
-              " must hold one value per edge (", col.numel(), "), got shape ",
-              values.sizes());
-}
-
-void check_projections(const Tensor& p, const Tensor& q, const Tensor& like, int64_t n,
-                       const Tensor& rowptr) {
-  check_features(p, "p", n, rowptr);
-  check_values(q, "q", p.sizes(), like, rowptr);
-  check_values(p, "p", q.sizes(), like, rowptr);
-}
-
 // [iterations, ||out - y||_F, ||out - y||_F / ||out||_F] of the last step of a solve.
 Tensor stats_tensor(int64_t iters, const StepNorms& norms) {
   const double res = std::sqrt(norms.diff_sq);
@@ -88,16 +72,12 @@ bool converged(const StepNorms& norms, double tol) {
 std::tuple<Tensor, Tensor> neural_edge_weights_cpu(const Tensor& rowptr, const Tensor& col,
                                                    const Tensor& a, const Tensor& p,
                                                    const Tensor& q, double eps) {
-  check_graph_signal(rowptr, col, a, "a");
-  const int64_t n = num_rows(rowptr);
-  check_projections(p, q, p, n, rowptr);
-  check_values(a, "a", {col.numel()}, p, rowptr);
-  TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+  const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
   Tensor w = at::empty({col.numel()}, p.options());
   Tensor kappa = at::empty({n}, p.options());
   Tensor none;
-  neural_edge_pass(rowptr, col.contiguous(), a.contiguous(), p.contiguous(), q.contiguous(),
-                   eps, w, kappa, none, none, none, 0.0, none);
+  neural_edge_pass(rowptr.contiguous(), col.contiguous(), a.contiguous(), p.contiguous(),
+                   q.contiguous(), eps, w, kappa, none, none, none, 0.0, none);
   return {w, kappa};
 }
 
@@ -105,20 +85,16 @@ std::tuple<Tensor, Tensor> neural_edge_weights_backward_cpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p,
     const Tensor& q, double eps, const Tensor& grad_w, const Tensor& t_rowptr,
     const Tensor& t_col, const Tensor& t_perm) {
-  check_graph_signal(rowptr, col, a, "a");
-  check_csr(t_rowptr, t_col, "t_rowptr", "t_col");
-  const int64_t n = num_rows(rowptr);
-  check_projections(p, q, p, n, rowptr);
-  check_values(grad_w, "grad_w", {col.numel()}, p, rowptr);
-  TORCH_CHECK(t_perm.numel() == col.numel() && t_col.numel() == col.numel(),
-              "t_col and t_perm must hold one entry per edge");
+  check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
+                                          t_perm);
   Tensor ac = a.contiguous();
   Tensor gw = grad_w.contiguous();
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
   Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
   Tensor none;
-  neural_weight_grad_pass(rowptr, col.contiguous(), ac, p.contiguous(), q.contiguous(), eps,
-                          none, none, gw, t_rowptr, t_col.contiguous(),
+  neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p.contiguous(),
+                          q.contiguous(), eps, none, none, gw, t_rowptr.contiguous(),
+                          t_col.contiguous(),
                           ac.index_select(0, t_perm), gw.index_select(0, t_perm), grad_p,
                           grad_q);
   return {grad_p, grad_q};
@@ -128,37 +104,23 @@ std::tuple<Tensor, Tensor, Tensor> neural_diffusion_step_cpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p,
     const Tensor& q, const Tensor& chi, const Tensor& x, const Tensor& z, double mu,
     double eps) {
-  check_graph_signal(rowptr, col, a, "a");
-  const int64_t n = num_rows(rowptr);
-  check_features(x, "x", n, rowptr);
-  check_values(z, "z", x.sizes(), x, rowptr);
-  check_projections(p, q, x, n, rowptr);
-  check_values(chi, "chi", {n}, x, rowptr);
-  check_values(a, "a", {col.numel()}, x, rowptr);
-  check_scalars(mu, eps);
+  const int64_t n = check_neural_diffusion_step_args(rowptr, col, a, p, q, chi, x, z, mu, eps);
   Tensor w = at::empty({col.numel()}, x.options());
   Tensor kappa = at::empty({n}, x.options());
   Tensor z_next = at::empty_like(x, at::MemoryFormat::Contiguous);
-  neural_edge_pass(rowptr, col.contiguous(), a.contiguous(), p.contiguous(), q.contiguous(),
-                   eps, w, kappa, chi.contiguous(), x.contiguous(), z.contiguous(), 1.0 / mu,
-                   z_next);
+  neural_edge_pass(rowptr.contiguous(), col.contiguous(), a.contiguous(), p.contiguous(),
+                   q.contiguous(), eps, w, kappa, chi.contiguous(), x.contiguous(),
+                   z.contiguous(), 1.0 / mu, z_next);
   return {z_next, w, kappa};
 }
 
 Tensor diffusion_step_cpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,
                           const Tensor& chi, const Tensor& kappa, const Tensor& x,
                           const Tensor& z, double mu) {
-  check_graph_signal(rowptr, col, w, "w");
-  const int64_t n = num_rows(rowptr);
-  check_features(x, "x", n, rowptr);
-  check_values(z, "z", x.sizes(), x, rowptr);
-  check_values(chi, "chi", {n}, x, rowptr);
-  check_values(kappa, "kappa", {n}, x, rowptr);
-  check_values(w, "w", {col.numel()}, x, rowptr);
-  check_scalars(mu, 1.0);
+  check_cached_step_args(rowptr, col, w, chi, kappa, x, z, mu, /*adjoint=*/false);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
-  cached_step(rowptr, col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
+  cached_step(rowptr.contiguous(), col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
               z.contiguous(), out);
   return out;
 }
@@ -166,70 +128,36 @@ Tensor diffusion_step_cpu(const Tensor& rowptr, const Tensor& col, const Tensor&
 Tensor adjoint_step_cpu(const Tensor& t_rowptr, const Tensor& t_col, const Tensor& t_w,
                         const Tensor& chi, const Tensor& kappa, const Tensor& g,
                         const Tensor& u, double mu) {
-  check_graph_signal(t_rowptr, t_col, t_w, "t_w");
-  const int64_t n = num_rows(t_rowptr);
-  check_features(g, "g", n, t_rowptr);
-  check_values(u, "u", g.sizes(), g, t_rowptr);
-  check_values(chi, "chi", {n}, g, t_rowptr);
-  check_values(kappa, "kappa", {n}, g, t_rowptr);
-  check_values(t_w, "t_w", {t_col.numel()}, g, t_rowptr);
-  check_scalars(mu, 1.0);
+  check_cached_step_args(t_rowptr, t_col, t_w, chi, kappa, g, u, mu, /*adjoint=*/true);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   const Tensor t_cl = t_col.contiguous();
   Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  cached_step(t_rowptr, t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl), g.contiguous(), cy,
-              Tensor(), u.contiguous(), out);
+  cached_step(t_rowptr.contiguous(), t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl),
+              g.contiguous(), cy, Tensor(), u.contiguous(), out);
   return out;
 }
 
 Tensor csr_fma_cpu(const Tensor& rowptr, const Tensor& col, const Tensor& w, const Tensor& y,
                    const Tensor& b, const Tensor& cy, const Tensor& rs) {
-  check_graph_signal(rowptr, col, w, "w");
-  const int64_t n = num_rows(rowptr);
-  check_features(y, "y", n, rowptr);
-  check_values(b, "b", y.sizes(), y, rowptr);
-  check_values(w, "w", {col.numel()}, y, rowptr);
-  check_values(cy, "cy", {n}, y, rowptr);
-  check_values(rs, "rs", {n}, y, rowptr);
+  check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
   Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
-  cached_step(rowptr, col.contiguous(), w.contiguous(), b.contiguous(), cy.contiguous(),
-              rs.contiguous(), y.contiguous(), out);
+  cached_step(rowptr.contiguous(), col.contiguous(), w.contiguous(), b.contiguous(),
+              cy.contiguous(), rs.contiguous(), y.contiguous(), out);
   return out;
-}
-
-struct Transposed {
-  Tensor rowptr, col, perm;
-  bool defined() const { return rowptr.defined(); }
-};
-
-Transposed transposed_or_none(const OptTensor& t_rowptr, const OptTensor& t_col,
-                              const OptTensor& t_perm, const Tensor& col) {
-  const bool any = t_rowptr.has_value() || t_col.has_value() || t_perm.has_value();
-  if (!any) return {};
-  TORCH_CHECK(t_rowptr.has_value() && t_col.has_value() && t_perm.has_value(),
-              "t_rowptr, t_col and t_perm go together: pass all three or none");
-  check_csr(*t_rowptr, *t_col, "t_rowptr", "t_col");
-  TORCH_CHECK(t_col->numel() == col.numel() && t_perm->numel() == col.numel(),
-              "t_col and t_perm must hold one entry per edge (", col.numel(), ")");
-  return {*t_rowptr, t_col->contiguous(), t_perm->contiguous()};
 }
 
 std::tuple<Tensor, Tensor> neural_weight_grad_cpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p,
     const Tensor& q, const Tensor& z, const Tensor& v, double eps, const OptTensor& t_rowptr,
     const OptTensor& t_col, const OptTensor& t_perm) {
-  check_graph_signal(rowptr, col, a, "a");
-  const int64_t n = num_rows(rowptr);
-  check_features(z, "z", n, rowptr);
-  check_values(v, "v", z.sizes(), z, rowptr);
-  check_projections(p, q, z, n, rowptr);
-  check_values(a, "a", {col.numel()}, z, rowptr);
-  const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, col);
+  const Transposed t =
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
   Tensor ac = a.contiguous();
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
   Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
-  neural_weight_grad_pass(rowptr, col.contiguous(), ac, p.contiguous(), q.contiguous(), eps,
-                          z.contiguous(), v.contiguous(), Tensor(), t.rowptr, t.col,
+  neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p.contiguous(),
+                          q.contiguous(), eps, z.contiguous(), v.contiguous(), Tensor(), t.rowptr,
+                          t.col,
                           t.defined() ? ac.index_select(0, t.perm) : Tensor(), Tensor(),
                           grad_p, grad_q);
   return {grad_p, grad_q};
@@ -242,28 +170,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
     const Tensor& chi_in, const OptTensor& p_in, const OptTensor& q_in,
     const OptTensor& kappa_in, double mu, double eps, int64_t max_iter, double tol,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
-  check_graph_signal(rowptr, col, edge_value, "edge_value");
-  transposed_or_none(t_rowptr, t_col, t_perm, col);  // checked here, used by the backward
+  const bool neural = check_implicit_diffusion_args(rowptr, col, edge_value, x_in, chi_in, p_in,
+                                                    q_in, kappa_in, mu, eps, max_iter, tol,
+                                                    t_rowptr, t_col, t_perm);
   const int64_t n = num_rows(rowptr);
-  check_features(x_in, "x", n, rowptr);
-  check_values(chi_in, "chi", {n}, x_in, rowptr);
-  check_values(edge_value, "edge_value", {col.numel()}, x_in, rowptr);
-  check_scalars(mu, eps);
-  TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
-  TORCH_CHECK(tol >= 0.0, "tol must be >= 0, got ", tol);
-  const bool neural = p_in.has_value() || q_in.has_value();
-  TORCH_CHECK(!neural || (p_in.has_value() && q_in.has_value()),
-              "p and q go together: pass both (neural Laplacian) or neither");
-  TORCH_CHECK(!(neural && kappa_in.has_value()),
-              "kappa is computed from the neural edge weights; pass it only for fixed W");
   const double inv_mu = 1.0 / mu;
   const Tensor x = x_in.contiguous();
   const Tensor chi = chi_in.contiguous();
+  const Tensor rp = rowptr.contiguous();
   const Tensor colc = col.contiguous();
   const Tensor value = edge_value.contiguous();
   Tensor p, q;
   if (neural) {
-    check_projections(*p_in, *q_in, x, n, rowptr);
     p = p_in->contiguous();
     q = q_in->contiguous();
   }
@@ -278,10 +196,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
   if (!neural) {
     w = value.clone();
     if (kappa_in.has_value()) {
-      check_values(*kappa_in, "kappa", {n}, x, rowptr);
       kappa = kappa_in->contiguous().clone();
     } else {
-      kappa = row_sums(rowptr, value);
+      kappa = row_sums(rp, value);
     }
     std::tie(cy, ca) = coefficient_vectors(chi, kappa, inv_mu);
   } else {
@@ -293,19 +210,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_cpu(
   while (iters < max_iter && !converged(norms, tol) && !blew_up(norms)) {
     if (!have_weights) {
       // Iteration 2: the fused pass computes W, kappa and the step together.
-      norms = neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, chi, x, z, inv_mu,
+      norms = neural_edge_pass(rp, colc, value, p, q, eps, w, kappa, chi, x, z, inv_mu,
                                z_next);
       std::tie(cy, ca) = coefficient_vectors(chi, kappa, inv_mu);
       have_weights = true;
     } else {
-      norms = cached_step(rowptr, colc, w, x, cy, ca, z, z_next);
+      norms = cached_step(rp, colc, w, x, cy, ca, z, z_next);
     }
     std::swap(z, z_next);
     ++iters;
   }
   if (!have_weights) {  // stopped at iteration 1; the backward still needs W
     Tensor none;
-    neural_edge_pass(rowptr, colc, value, p, q, eps, w, kappa, none, none, none, 0.0, none);
+    neural_edge_pass(rp, colc, value, p, q, eps, w, kappa, none, none, none, 0.0, none);
   }
   return {z, w, kappa, stats_tensor(iters, norms)};
 }
@@ -316,19 +233,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
     const OptTensor& t_perm, const Tensor& x_in, const Tensor& chi_in, const OptTensor& p_in,
     const OptTensor& q_in, const Tensor& z_in, const Tensor& grad_z, double mu, double eps,
     int64_t max_iter, double tol) {
-  check_graph_signal(rowptr, col, edge_value, "edge_value");
-  const int64_t n = num_rows(rowptr);
-  check_features(x_in, "x", n, rowptr);
-  check_values(z_in, "z", x_in.sizes(), x_in, rowptr);
-  check_values(grad_z, "grad_z", x_in.sizes(), x_in, rowptr);
-  check_values(chi_in, "chi", {n}, x_in, rowptr);
-  check_values(kappa_in, "kappa", {n}, x_in, rowptr);
-  check_values(w, "w", {col.numel()}, x_in, rowptr);
-  check_values(edge_value, "edge_value", {col.numel()}, x_in, rowptr);
-  check_scalars(mu, eps);
-  TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
+  const Transposed t = check_implicit_diffusion_backward_args(
+      rowptr, col, edge_value, w, kappa_in, t_rowptr, t_col, t_perm, x_in, chi_in, p_in, q_in,
+      z_in, grad_z, mu, eps, max_iter);
   const bool neural = p_in.has_value() && q_in.has_value();
-  const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, col);
   const double inv_mu = 1.0 / mu;
   const Tensor x = x_in.contiguous();
   const Tensor z = z_in.contiguous();
@@ -339,7 +247,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   // Adjoint u = g + cy.u + W^T (ca.u), u_0 = 0 so u_1 = g; rows of W^T are the
   // transposed CSR, or the CSR itself on a symmetric graph.
   const Tensor wc = w.contiguous();
-  const Tensor t_rp = t.defined() ? t.rowptr : rowptr;
+  const Tensor t_rp = t.defined() ? t.rowptr : rowptr.contiguous();
   const Tensor t_cl = t.defined() ? t.col : col.contiguous();
   const Tensor t_w = adjoint_weights(t.defined() ? wc.index_select(0, t.perm) : wc, ca, t_cl);
   Tensor u = g.clone();
@@ -357,12 +265,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   Tensor grad_chi = (u * (x - z)).sum(1) * ca * mu;
   Tensor grad_p, grad_q;
   if (neural) {
-    check_projections(*p_in, *q_in, x, n, rowptr);
     Tensor v = u * ca.unsqueeze(1);
     Tensor ac = edge_value.contiguous();
     grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
     grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
-    neural_weight_grad_pass(rowptr, col.contiguous(), ac, p_in->contiguous(),
+    neural_weight_grad_pass(rowptr.contiguous(), col.contiguous(), ac, p_in->contiguous(),
                             q_in->contiguous(), eps, z, v, Tensor(), t.rowptr, t.col,
                             t.defined() ? ac.index_select(0, t.perm) : Tensor(), Tensor(),
                             grad_p, grad_q);
@@ -373,9 +280,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_backward_c
   return {u, grad_chi, grad_p, grad_q, stats_tensor(iters, norms)};
 }
 
+// ------------------------------------------------------------------ graph check --
+
+void check_graph_cpu(const Tensor& rowptr, const Tensor& col, int64_t num_nodes,
+                     const OptTensor& t_rowptr, const OptTensor& t_col,
+                     const OptTensor& t_perm) {
+  check_graph_data(rowptr, col, check_graph_args(rowptr, col, num_nodes, t_rowptr, t_col, t_perm));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dignn, CPU, m) {
+  m.impl("check_graph", &check_graph_cpu);
   m.impl("neural_edge_weights", &neural_edge_weights_cpu);
   m.impl("neural_edge_weights_backward", &neural_edge_weights_backward_cpu);
   m.impl("neural_diffusion_step", &neural_diffusion_step_cpu);

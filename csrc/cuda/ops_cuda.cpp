@@ -9,6 +9,7 @@ namespace dignn {
 namespace cuda {
 
 TORCH_LIBRARY_IMPL(dignn, CUDA, m) {
+  m.impl("check_graph", &check_graph_gpu);
   m.impl("neural_edge_weights", &neural_edge_weights_gpu);
   m.impl("neural_edge_weights_backward", &neural_edge_weights_backward_gpu);
   m.impl("neural_diffusion_step", &neural_diffusion_step_gpu);

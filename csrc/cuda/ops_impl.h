@@ -34,7 +34,6 @@ namespace dignn {
 namespace DIGNN_SIMT_NS {
 
 using at::Tensor;
-using OptTensor = c10::optional<Tensor>;
 
 #if defined(DIGNN_SIMT_EMULATION)
 class DeviceScope {
@@ -60,41 +59,7 @@ inline void check_status(int status, const char* what) {
 }
 #endif
 
-// ------------------------------------------------------------------- argument checks --
-// As in ops_cpu.cpp.
-
-inline void check_graph_signal(const Tensor& rowptr, const Tensor& col, const Tensor& values,
-                               const char* values_name) {
-  check_csr(rowptr, col, "rowptr", "col");
-  TORCH_CHECK(values.dim() == 1 && values.numel() == col.numel(), values_name,
-              " must hold one value per edge (", col.numel(), "), got shape ", values.sizes());
-}
-
-inline void check_projections(const Tensor& p, const Tensor& q, const Tensor& like, int64_t n,
-                              const Tensor& rowptr) {
-  check_features(p, "p", n, rowptr);
-  check_values(q, "q", p.sizes(), like, rowptr);
-  check_values(p, "p", q.sizes(), like, rowptr);
-}
-
-struct Transposed {
-  Tensor rowptr, col, perm;
-  bool defined() const { return rowptr.defined(); }
-};
-
-inline Transposed transposed_or_none(const OptTensor& t_rowptr, const OptTensor& t_col,
-                                     const OptTensor& t_perm, const Tensor& col) {
-  const bool any = t_rowptr.has_value() || t_col.has_value() || t_perm.has_value();
-  if (!any) return {};
-  TORCH_CHECK(t_rowptr.has_value() && t_col.has_value() && t_perm.has_value(),
-              "t_rowptr, t_col and t_perm go together: pass all three or none");
-  check_csr(*t_rowptr, *t_col, "t_rowptr", "t_col");
-  TORCH_CHECK(t_col->numel() == col.numel() && t_perm->numel() == col.numel(),
-              "t_col and t_perm must hold one entry per edge (", col.numel(), ")");
-  TORCH_CHECK(t_rowptr->device() == col.device() && t_perm->device() == col.device(),
-              "t_rowptr, t_col and t_perm must be on the graph's device ", col.device());
-  return {t_rowptr->contiguous(), t_col->contiguous(), t_perm->contiguous()};
-}
+// The argument checks are those of csrc/ops/checks.h, shared with the CPU ops.
 
 // The kernels index nodes with int32 (as CSRGraph stores them): int64 columns are converted.
 inline Tensor index32(const Tensor& col, int64_t n) {
@@ -297,11 +262,7 @@ inline std::tuple<Tensor, Tensor> neural_edge_weights_gpu(const Tensor& rowptr,
                                                           const Tensor& col, const Tensor& a,
                                                           const Tensor& p, const Tensor& q,
                                                           double eps) {
-  check_graph_signal(rowptr, col, a, "a");
-  const int64_t n = num_rows(rowptr);
-  check_projections(p, q, p, n, rowptr);
-  check_values(a, "a", {col.numel()}, p, rowptr);
-  TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+  const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
   DeviceScope scope(p);
   const auto stream = scope.stream();
   const int64_t m = col.numel();
@@ -331,17 +292,8 @@ inline std::tuple<Tensor, Tensor> neural_edge_weights_backward_gpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p, const Tensor& q,
     double eps, const Tensor& grad_w, const Tensor& t_rowptr, const Tensor& t_col,
     const Tensor& t_perm) {
-  check_graph_signal(rowptr, col, a, "a");
-  check_csr(t_rowptr, t_col, "t_rowptr", "t_col");
-  const int64_t n = num_rows(rowptr);
-  check_projections(p, q, p, n, rowptr);
-  check_values(grad_w, "grad_w", {col.numel()}, p, rowptr);
-  TORCH_CHECK(t_perm.numel() == col.numel() && t_col.numel() == col.numel(),
-              "t_col and t_perm must hold one entry per edge");
-  TORCH_CHECK(num_rows(t_rowptr) == n, "t_rowptr must have ", n + 1, " entries, got ",
-              t_rowptr.numel());
-  TORCH_CHECK(t_rowptr.device() == rowptr.device() && t_perm.device() == rowptr.device(),
-              "t_rowptr, t_col and t_perm must be on the graph's device ", rowptr.device());
+  const int64_t n = check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w,
+                                                            t_rowptr, t_col, t_perm);
   DeviceScope scope(p);
   const auto stream = scope.stream();
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
@@ -368,14 +320,7 @@ inline std::tuple<Tensor, Tensor> neural_edge_weights_backward_gpu(
 inline std::tuple<Tensor, Tensor, Tensor> neural_diffusion_step_gpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p, const Tensor& q,
     const Tensor& chi, const Tensor& x, const Tensor& z, double mu, double eps) {
-  check_graph_signal(rowptr, col, a, "a");
-  const int64_t n = num_rows(rowptr);
-  check_features(x, "x", n, rowptr);
-  check_values(z, "z", x.sizes(), x, rowptr);
-  check_projections(p, q, x, n, rowptr);
-  check_values(chi, "chi", {n}, x, rowptr);
-  check_values(a, "a", {col.numel()}, x, rowptr);
-  check_scalars(mu, eps);
+  const int64_t n = check_neural_diffusion_step_args(rowptr, col, a, p, q, chi, x, z, mu, eps);
   DeviceScope scope(x);
   const auto stream = scope.stream();
   const int64_t m = col.numel();
@@ -436,14 +381,7 @@ inline Tensor cached_pass(const Tensor& rowptr, const Tensor& col32, const Tenso
 inline Tensor diffusion_step_gpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,
                                  const Tensor& chi, const Tensor& kappa, const Tensor& x,
                                  const Tensor& z, double mu) {
-  check_graph_signal(rowptr, col, w, "w");
-  const int64_t n = num_rows(rowptr);
-  check_features(x, "x", n, rowptr);
-  check_values(z, "z", x.sizes(), x, rowptr);
-  check_values(chi, "chi", {n}, x, rowptr);
-  check_values(kappa, "kappa", {n}, x, rowptr);
-  check_values(w, "w", {col.numel()}, x, rowptr);
-  check_scalars(mu, 1.0);
+  const int64_t n = check_cached_step_args(rowptr, col, w, chi, kappa, x, z, mu, /*adjoint=*/false);
   DeviceScope scope(x);
   const auto stream = scope.stream();
   Tensor cy, ca;
@@ -455,14 +393,8 @@ inline Tensor diffusion_step_gpu(const Tensor& rowptr, const Tensor& col, const 
 inline Tensor adjoint_step_gpu(const Tensor& t_rowptr, const Tensor& t_col, const Tensor& t_w,
                                const Tensor& chi, const Tensor& kappa, const Tensor& g,
                                const Tensor& u, double mu) {
-  check_graph_signal(t_rowptr, t_col, t_w, "t_w");
-  const int64_t n = num_rows(t_rowptr);
-  check_features(g, "g", n, t_rowptr);
-  check_values(u, "u", g.sizes(), g, t_rowptr);
-  check_values(chi, "chi", {n}, g, t_rowptr);
-  check_values(kappa, "kappa", {n}, g, t_rowptr);
-  check_values(t_w, "t_w", {t_col.numel()}, g, t_rowptr);
-  check_scalars(mu, 1.0);
+  const int64_t n =
+      check_cached_step_args(t_rowptr, t_col, t_w, chi, kappa, g, u, mu, /*adjoint=*/true);
   DeviceScope scope(g);
   const auto stream = scope.stream();
   Tensor cy, ca;
@@ -476,13 +408,7 @@ inline Tensor adjoint_step_gpu(const Tensor& t_rowptr, const Tensor& t_col, cons
 
 inline Tensor csr_fma_gpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,
                           const Tensor& y, const Tensor& b, const Tensor& cy, const Tensor& rs) {
-  check_graph_signal(rowptr, col, w, "w");
-  const int64_t n = num_rows(rowptr);
-  check_features(y, "y", n, rowptr);
-  check_values(b, "b", y.sizes(), y, rowptr);
-  check_values(w, "w", {col.numel()}, y, rowptr);
-  check_values(cy, "cy", {n}, y, rowptr);
-  check_values(rs, "rs", {n}, y, rowptr);
+  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
   DeviceScope scope(y);
   return cached_pass(rowptr.contiguous(), index32(col, n), w.contiguous(), b.contiguous(),
                      cy.contiguous(), rs.contiguous(), y.contiguous(), scope.stream());
@@ -518,17 +444,9 @@ inline std::tuple<Tensor, Tensor> neural_weight_grad_gpu(
     const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p, const Tensor& q,
     const Tensor& z, const Tensor& v, double eps, const OptTensor& t_rowptr,
     const OptTensor& t_col, const OptTensor& t_perm) {
-  check_graph_signal(rowptr, col, a, "a");
+  const Transposed t =
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
   const int64_t n = num_rows(rowptr);
-  check_features(z, "z", n, rowptr);
-  check_values(v, "v", z.sizes(), z, rowptr);
-  check_projections(p, q, z, n, rowptr);
-  check_values(a, "a", {col.numel()}, z, rowptr);
-  const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, col);
-  if (t.defined()) {
-    TORCH_CHECK(num_rows(t.rowptr) == n, "t_rowptr must have ", n + 1, " entries, got ",
-                t.rowptr.numel());
-  }
   DeviceScope scope(z);
   Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
   Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
@@ -545,20 +463,10 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_gpu(
     const Tensor& chi_in, const OptTensor& p_in, const OptTensor& q_in,
     const OptTensor& kappa_in, double mu, double eps, int64_t max_iter, double tol,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
-  check_graph_signal(rowptr, col, edge_value, "edge_value");
-  transposed_or_none(t_rowptr, t_col, t_perm, col);  // checked here, used by the backward
+  const bool neural = check_implicit_diffusion_args(rowptr, col, edge_value, x_in, chi_in, p_in,
+                                                    q_in, kappa_in, mu, eps, max_iter, tol,
+                                                    t_rowptr, t_col, t_perm);
   const int64_t n = num_rows(rowptr);
-  check_features(x_in, "x", n, rowptr);
-  check_values(chi_in, "chi", {n}, x_in, rowptr);
-  check_values(edge_value, "edge_value", {col.numel()}, x_in, rowptr);
-  check_scalars(mu, eps);
-  TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
-  TORCH_CHECK(tol >= 0.0, "tol must be >= 0, got ", tol);
-  const bool neural = p_in.has_value() || q_in.has_value();
-  TORCH_CHECK(!neural || (p_in.has_value() && q_in.has_value()),
-              "p and q go together: pass both (neural Laplacian) or neither");
-  TORCH_CHECK(!(neural && kappa_in.has_value()),
-              "kappa is computed from the neural edge weights; pass it only for fixed W");
   DeviceScope scope(x_in);
   const auto stream = scope.stream();
   const double inv_mu = 1.0 / mu;
@@ -570,7 +478,6 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_gpu(
   const Tensor value = edge_value.contiguous();
   Tensor p, q;
   if (neural) {
-    check_projections(*p_in, *q_in, x, n, rowptr);
     p = p_in->contiguous();
     q = q_in->contiguous();
   }
@@ -585,7 +492,6 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> implicit_diffusion_gpu(
   if (!neural) {
     w = value.clone();
     if (kappa_in.has_value()) {
-      check_values(*kappa_in, "kappa", {n}, x, rowptr);
       kappa = kappa_in->contiguous().clone();
     } else {
       kappa = at::zeros({n}, x.options());
@@ -668,23 +574,11 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_bac
     const OptTensor& t_perm, const Tensor& x_in, const Tensor& chi_in, const OptTensor& p_in,
     const OptTensor& q_in, const Tensor& z_in, const Tensor& grad_z, double mu, double eps,
     int64_t max_iter, double tol) {
-  check_graph_signal(rowptr, col, edge_value, "edge_value");
-  const int64_t n = num_rows(rowptr);
-  check_features(x_in, "x", n, rowptr);
-  check_values(z_in, "z", x_in.sizes(), x_in, rowptr);
-  check_values(grad_z, "grad_z", x_in.sizes(), x_in, rowptr);
-  check_values(chi_in, "chi", {n}, x_in, rowptr);
-  check_values(kappa_in, "kappa", {n}, x_in, rowptr);
-  check_values(w, "w", {col.numel()}, x_in, rowptr);
-  check_values(edge_value, "edge_value", {col.numel()}, x_in, rowptr);
-  check_scalars(mu, eps);
-  TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
+  const Transposed t = check_implicit_diffusion_backward_args(
+      rowptr, col, edge_value, w, kappa_in, t_rowptr, t_col, t_perm, x_in, chi_in, p_in, q_in,
+      z_in, grad_z, mu, eps, max_iter);
   const bool neural = p_in.has_value() && q_in.has_value();
-  const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, col);
-  if (t.defined()) {
-    TORCH_CHECK(num_rows(t.rowptr) == n, "t_rowptr must have ", n + 1, " entries, got ",
-                t.rowptr.numel());
-  }
+  const int64_t n = num_rows(rowptr);
   DeviceScope scope(x_in);
   const auto stream = scope.stream();
   const double inv_mu = 1.0 / mu;
@@ -735,7 +629,6 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_bac
   Tensor grad_chi = (u * (x - z)).sum(1) * ca * mu;
   Tensor grad_p, grad_q;
   if (neural) {
-    check_projections(*p_in, *q_in, x, n, rowptr);
     Tensor v = u * ca.unsqueeze(1);
     grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
     grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
@@ -750,6 +643,51 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> implicit_diffusion_bac
     grad_q = at::empty({0}, x.options());
   }
   return {u, grad_chi, grad_p, grad_q, stats};
+}
+
+// -------------------------------------------------------------------- graph check --
+// The conditions of check_graph_data (ops/checks.h) as device ops, folded into one flag that
+// is read back once; when it is set, the host version runs on copies to name the first bad
+// entry, so the messages are the CPU op's.
+
+// rowptr[0] != 0, a decreasing step, rowptr[-1] != m, or a col entry outside 0..n-1.
+inline Tensor csr_data_bad(const Tensor& rowptr, const Tensor& col) {
+  const int64_t n = num_rows(rowptr), m = col.numel();
+  Tensor bad = rowptr.select(0, 0).ne(0).logical_or_(rowptr.select(0, n).ne(m));
+  if (n > 0) bad.logical_or_(at::diff(rowptr).min().lt(0));
+  if (m > 0) {
+    const auto range = at::aminmax(col);
+    bad.logical_or_(std::get<0>(range).lt(0)).logical_or_(std::get<1>(range).ge(n));
+  }
+  return bad;
+}
+
+// perm is not a permutation of 0..m-1: an entry out of range, or a position no entry hits
+// (m entries in range that hit all m positions hit each once).
+inline Tensor permutation_bad(const Tensor& perm) {
+  const int64_t m = perm.numel();
+  if (m == 0) return at::zeros({}, perm.options().dtype(at::kBool));
+  const auto range = at::aminmax(perm);
+  Tensor bad = std::get<0>(range).lt(0).logical_or_(std::get<1>(range).ge(m));
+  Tensor hit = at::zeros({m}, perm.options().dtype(at::kBool));
+  hit.index_fill_(0, perm.clamp(0, m - 1).to(at::kLong), true);
+  return bad.logical_or_(hit.logical_not().any());
+}
+
+inline void check_graph_gpu(const Tensor& rowptr, const Tensor& col, int64_t num_nodes,
+                            const OptTensor& t_rowptr, const OptTensor& t_col,
+                            const OptTensor& t_perm) {
+  const Transposed t = check_graph_args(rowptr, col, num_nodes, t_rowptr, t_col, t_perm);
+  DeviceScope scope(rowptr);
+  Tensor bad = csr_data_bad(rowptr, col);
+  if (t.defined()) {
+    bad.logical_or_(csr_data_bad(t.rowptr, t.col)).logical_or_(permutation_bad(t.perm));
+  }
+  if (!bad.item<bool>()) return;  // the one read (a sync)
+  const auto host = [](const Tensor& x) { return x.defined() ? x.cpu() : x; };
+  check_graph_data(host(rowptr), host(col), Transposed{host(t.rowptr), host(t.col), host(t.perm)});
+  TORCH_CHECK(false, "check_graph: the device found a bad entry in the graph that the host "
+              "check did not (please report this)");
 }
 
 }  // namespace DIGNN_SIMT_NS

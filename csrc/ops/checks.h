@@ -1,14 +1,31 @@
-// Argument checks shared by the dignn ops. The Python layer validates user input with
-// friendlier messages first; these keep direct callers of torch.ops.dignn.* from reaching
-// a kernel with tensors it would read out of bounds.
+// Argument checks of the dignn ops, written once for every backend: the CPU ops
+// (csrc/cpu/ops_cpu.cpp) and the GPU host code (csrc/cuda/ops_impl.h, also compiled for the
+// kernels' host emulator) call the same functions, so a bad argument gets the same message
+// everywhere.
+//
+// Two kinds:
+// - shape, dtype and device checks, O(1): every op runs them first (check_*_args below), in
+//   an order that blames the argument that is wrong (the CSR before the tensors sized by it);
+// - data checks of a CSR, O(nodes + edges): rowptr starts at 0, never decreases and ends at
+//   col.numel(), every col entry is a node index, and t_perm is a permutation. Those are the
+//   op dignn::check_graph (check_graph_data here holds its messages); the Python face
+//   (dignn_kernels/ops.py) runs it before each op unless the caller passes trusted=True for a
+//   graph it built itself (dignn_kernels/graph.py). The kernels index memory with these
+//   values, so an op reached with a bad CSR and no check_graph reads out of bounds.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/Optional.h>
 
-#include <string>
+#include <cstdint>
+#include <vector>
 
 namespace dignn {
+
+using OptTensor = c10::optional<at::Tensor>;
+
+// ------------------------------------------------------------ shapes, dtypes, devices --
 
 inline void check_csr(const at::Tensor& rowptr, const at::Tensor& col, const char* rowptr_name,
                       const char* col_name) {
@@ -35,11 +52,15 @@ inline void check_values(const at::Tensor& t, const char* name, at::IntArrayRef 
               " but the graph is on ", rowptr.device());
 }
 
+// The node signal that fixes n: a row count that differs from the CSR's is reported as the
+// CSR's problem (a rowptr one entry short is the usual mistake), naming both.
 inline void check_features(const at::Tensor& x, const char* name, int64_t n,
-                           const at::Tensor& rowptr) {
+                           const at::Tensor& rowptr, const char* rowptr_name = "rowptr") {
   TORCH_CHECK(x.dim() == 2, name, " must be 2-D (nodes x channels), got shape ", x.sizes());
-  TORCH_CHECK(x.size(0) == n, name, " has ", x.size(0), " rows but the graph has ", n,
-              " nodes");
+  TORCH_CHECK(x.size(0) == n, rowptr_name, " has ", n, " + 1 entries for ", n, " rows but ",
+              name, " has ", x.size(0), " rows (", name, " has ", x.size(0),
+              " rows but the graph has ", n, " nodes): ", rowptr_name,
+              " must hold num_nodes + 1 row offsets and ", name, " one row per node");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, name,
               " must be float32 or float64, got ", x.scalar_type());
   TORCH_CHECK(x.device() == rowptr.device(), name, " is on ", x.device(),
@@ -49,6 +70,269 @@ inline void check_features(const at::Tensor& x, const char* name, int64_t n,
 inline void check_scalars(double mu, double eps) {
   TORCH_CHECK(mu > 0.0, "mu must be > 0, got ", mu);
   TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+}
+
+inline void check_solve_scalars(double mu, double eps, int64_t max_iter) {
+  check_scalars(mu, eps);
+  TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
+}
+
+// The CSR and one value per edge; returns n.
+inline int64_t check_graph_signal(const at::Tensor& rowptr, const at::Tensor& col,
+                                  const at::Tensor& values, const char* values_name,
+                                  const char* rowptr_name = "rowptr",
+                                  const char* col_name = "col") {
+  check_csr(rowptr, col, rowptr_name, col_name);
+  TORCH_CHECK(values.dim() == 1 && values.numel() == col.numel(), values_name,
+              " must hold one value per edge (", col.numel(), "), got shape ", values.sizes());
+  return num_rows(rowptr);
+}
+
+inline void check_projections(const at::Tensor& p, const at::Tensor& q, const at::Tensor& like,
+                              int64_t n, const at::Tensor& rowptr) {
+  check_features(p, "p", n, rowptr);
+  check_values(q, "q", p.sizes(), like, rowptr);
+  check_values(p, "p", q.sizes(), like, rowptr);
+}
+
+// The transposed CSR (t_rowptr, t_col) and t_perm: the graph's rows, edges and device.
+inline void check_transposed(const at::Tensor& t_rowptr, const at::Tensor& t_col,
+                             const at::Tensor& t_perm, const at::Tensor& rowptr,
+                             const at::Tensor& col) {
+  check_csr(t_rowptr, t_col, "t_rowptr", "t_col");
+  TORCH_CHECK(t_rowptr.numel() == rowptr.numel(), "t_rowptr has ", t_rowptr.numel(),
+              " entries but rowptr has ", rowptr.numel(),
+              ": the transposed CSR has the graph's num_nodes + 1 row offsets");
+  TORCH_CHECK(t_perm.dim() == 1 && (t_perm.scalar_type() == at::kLong ||
+                                    t_perm.scalar_type() == at::kInt),
+              "t_perm must be a 1-D int64 (or int32) tensor, got shape ", t_perm.sizes(),
+              " and dtype ", t_perm.scalar_type());
+  TORCH_CHECK(t_col.numel() == col.numel() && t_perm.numel() == col.numel(),
+              "t_col and t_perm must hold one entry per edge (", col.numel(), "), got ",
+              t_col.numel(), " and ", t_perm.numel());
+  TORCH_CHECK(t_rowptr.device() == rowptr.device() && t_perm.device() == rowptr.device(),
+              "t_rowptr, t_col and t_perm must be on the graph's device ", rowptr.device());
+}
+
+struct Transposed {
+  at::Tensor rowptr, col, perm;  // contiguous
+  bool defined() const { return rowptr.defined(); }
+};
+
+// The optional transposed CSR: all three or none (undefined: a symmetric graph).
+inline Transposed transposed_or_none(const OptTensor& t_rowptr, const OptTensor& t_col,
+                                     const OptTensor& t_perm, const at::Tensor& rowptr,
+                                     const at::Tensor& col) {
+  const bool any = t_rowptr.has_value() || t_col.has_value() || t_perm.has_value();
+  if (!any) return {};
+  TORCH_CHECK(t_rowptr.has_value() && t_col.has_value() && t_perm.has_value(),
+              "t_rowptr, t_col and t_perm go together: pass all three or none");
+  check_transposed(*t_rowptr, *t_col, *t_perm, rowptr, col);
+  return {t_rowptr->contiguous(), t_col->contiguous(), t_perm->contiguous()};
+}
+
+// ------------------------------------------------------------------ per op (O(1)) --
+// Each returns n, the number of nodes.
+
+inline int64_t check_neural_edge_weights_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                              const at::Tensor& a, const at::Tensor& p,
+                                              const at::Tensor& q, double eps) {
+  const int64_t n = check_graph_signal(rowptr, col, a, "a");
+  check_projections(p, q, p, n, rowptr);
+  check_values(a, "a", {col.numel()}, p, rowptr);
+  TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+  return n;
+}
+
+inline int64_t check_neural_edge_weights_backward_args(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
+    const at::Tensor& q, double eps, const at::Tensor& grad_w, const at::Tensor& t_rowptr,
+    const at::Tensor& t_col, const at::Tensor& t_perm) {
+  const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
+  check_values(grad_w, "grad_w", {col.numel()}, p, rowptr);
+  check_transposed(t_rowptr, t_col, t_perm, rowptr, col);
+  return n;
+}
+
+inline int64_t check_neural_diffusion_step_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                                const at::Tensor& a, const at::Tensor& p,
+                                                const at::Tensor& q, const at::Tensor& chi,
+                                                const at::Tensor& x, const at::Tensor& z,
+                                                double mu, double eps) {
+  const int64_t n = check_graph_signal(rowptr, col, a, "a");
+  check_features(x, "x", n, rowptr);
+  check_values(z, "z", x.sizes(), x, rowptr);
+  check_projections(p, q, x, n, rowptr);
+  check_values(chi, "chi", {n}, x, rowptr);
+  check_values(a, "a", {col.numel()}, x, rowptr);
+  check_scalars(mu, eps);
+  return n;
+}
+
+// diffusion_step (rowptr, col, w; x, z) and adjoint_step (t_rowptr, t_col, t_w; g, u).
+inline int64_t check_cached_step_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                      const at::Tensor& w, const at::Tensor& chi,
+                                      const at::Tensor& kappa, const at::Tensor& x,
+                                      const at::Tensor& z, double mu, bool adjoint) {
+  const char* const rp_name = adjoint ? "t_rowptr" : "rowptr";
+  const char* const w_name = adjoint ? "t_w" : "w";
+  const char* const x_name = adjoint ? "g" : "x";
+  const int64_t n = check_graph_signal(rowptr, col, w, w_name, rp_name,
+                                       adjoint ? "t_col" : "col");
+  check_features(x, x_name, n, rowptr, rp_name);
+  check_values(z, adjoint ? "u" : "z", x.sizes(), x, rowptr);
+  check_values(chi, "chi", {n}, x, rowptr);
+  check_values(kappa, "kappa", {n}, x, rowptr);
+  check_values(w, w_name, {col.numel()}, x, rowptr);
+  check_scalars(mu, 1.0);
+  return n;
+}
+
+inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                  const at::Tensor& w, const at::Tensor& y, const at::Tensor& b,
+                                  const at::Tensor& cy, const at::Tensor& rs) {
+  const int64_t n = check_graph_signal(rowptr, col, w, "w");
+  check_features(y, "y", n, rowptr);
+  check_values(b, "b", y.sizes(), y, rowptr);
+  check_values(w, "w", {col.numel()}, y, rowptr);
+  check_values(cy, "cy", {n}, y, rowptr);
+  check_values(rs, "rs", {n}, y, rowptr);
+  return n;
+}
+
+inline Transposed check_neural_weight_grad_args(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
+    const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, const OptTensor& t_rowptr,
+    const OptTensor& t_col, const OptTensor& t_perm) {
+  const int64_t n = check_graph_signal(rowptr, col, a, "a");
+  check_features(z, "z", n, rowptr);
+  check_values(v, "v", z.sizes(), z, rowptr);
+  check_projections(p, q, z, n, rowptr);
+  check_values(a, "a", {col.numel()}, z, rowptr);
+  return transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
+}
+
+// implicit_diffusion; returns whether the Laplacian is neural (p and q given).
+inline bool check_implicit_diffusion_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                          const at::Tensor& edge_value, const at::Tensor& x,
+                                          const at::Tensor& chi, const OptTensor& p,
+                                          const OptTensor& q, const OptTensor& kappa,
+                                          double mu, double eps, int64_t max_iter, double tol,
+                                          const OptTensor& t_rowptr, const OptTensor& t_col,
+                                          const OptTensor& t_perm) {
+  const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
+  check_features(x, "x", n, rowptr);
+  transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);  // used by the backward
+  check_values(chi, "chi", {n}, x, rowptr);
+  check_values(edge_value, "edge_value", {col.numel()}, x, rowptr);
+  check_solve_scalars(mu, eps, max_iter);
+  TORCH_CHECK(tol >= 0.0, "tol must be >= 0, got ", tol);
+  const bool neural = p.has_value() || q.has_value();
+  TORCH_CHECK(!neural || (p.has_value() && q.has_value()),
+              "p and q go together: pass both (neural Laplacian) or neither");
+  TORCH_CHECK(!(neural && kappa.has_value()),
+              "kappa is computed from the neural edge weights; pass it only for fixed W");
+  if (neural) check_projections(*p, *q, x, n, rowptr);
+  if (kappa.has_value()) check_values(*kappa, "kappa", {n}, x, rowptr);
+  return neural;
+}
+
+inline Transposed check_implicit_diffusion_backward_args(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& edge_value,
+    const at::Tensor& w, const at::Tensor& kappa, const OptTensor& t_rowptr,
+    const OptTensor& t_col, const OptTensor& t_perm, const at::Tensor& x, const at::Tensor& chi,
+    const OptTensor& p, const OptTensor& q, const at::Tensor& z, const at::Tensor& grad_z,
+    double mu, double eps, int64_t max_iter) {
+  const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
+  check_features(x, "x", n, rowptr);
+  const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
+  check_values(z, "z", x.sizes(), x, rowptr);
+  check_values(grad_z, "grad_z", x.sizes(), x, rowptr);
+  check_values(chi, "chi", {n}, x, rowptr);
+  check_values(kappa, "kappa", {n}, x, rowptr);
+  check_values(w, "w", {col.numel()}, x, rowptr);
+  check_values(edge_value, "edge_value", {col.numel()}, x, rowptr);
+  check_solve_scalars(mu, eps, max_iter);
+  if (p.has_value() && q.has_value()) check_projections(*p, *q, x, n, rowptr);
+  return t;
+}
+
+// ------------------------------------------------------------- data (O(n + m)) --
+
+inline Transposed check_graph_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                   int64_t num_nodes, const OptTensor& t_rowptr,
+                                   const OptTensor& t_col, const OptTensor& t_perm) {
+  check_csr(rowptr, col, "rowptr", "col");
+  TORCH_CHECK(num_nodes >= 0, "num_nodes must be >= 0, got ", num_nodes);
+  TORCH_CHECK(num_rows(rowptr) == num_nodes, "rowptr has ", num_rows(rowptr), " + 1 entries for ",
+              num_rows(rowptr), " rows but num_nodes = ", num_nodes,
+              ": rowptr must hold num_nodes + 1 row offsets");
+  return transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
+}
+
+namespace detail {
+
+template <typename index_t>
+void check_csr_data(const int64_t* rp, const index_t* col, int64_t n, int64_t m,
+                    const char* rp_name, const char* col_name) {
+  TORCH_CHECK(rp[0] == 0, rp_name, "[0] = ", rp[0], " but must be 0: ", rp_name,
+              "[i] is the position in ", col_name, " of row i's first entry");
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(rp[i] <= rp[i + 1], rp_name, " must be non-decreasing (", rp_name, "[", i,
+                "] = ", rp[i], " > ", rp_name, "[", i + 1, "] = ", rp[i + 1], ")");
+  }
+  TORCH_CHECK(rp[n] == m, rp_name, "[-1] = ", rp[n], " but ", col_name, " has ", m,
+              " entries: ", rp_name, "[-1] must be the number of edges, ", col_name,
+              ".numel()");
+  for (int64_t k = 0; k < m; ++k) {
+    // one unsigned compare tests 0 <= c < n
+    if (static_cast<uint64_t>(col[k]) >= static_cast<uint64_t>(n)) {
+      TORCH_CHECK(false, col_name, " holds node index ", static_cast<int64_t>(col[k]),
+                  " at position ", k, ", outside 0..", n - 1, " (the graph has ", n, " nodes)");
+    }
+  }
+}
+
+template <typename index_t>
+void check_permutation(const index_t* perm, int64_t m, const char* name) {
+  std::vector<uint8_t> seen(static_cast<size_t>(m), 0);
+  for (int64_t k = 0; k < m; ++k) {
+    const int64_t e = static_cast<int64_t>(perm[k]);
+    TORCH_CHECK(e >= 0 && e < m, name, " holds edge index ", e, " at position ", k,
+                ", outside 0..", m - 1, " (the graph has ", m, " edges)");
+    if (seen[e]) {
+      int64_t first = 0;
+      while (static_cast<int64_t>(perm[first]) != e) ++first;
+      TORCH_CHECK(false, name, " must be a permutation of 0..", m - 1, ", but ", e,
+                  " appears at positions ", first, " and ", k);
+    }
+    seen[e] = 1;
+  }
+}
+
+inline void check_csr_data(const at::Tensor& rowptr, const at::Tensor& col, const char* rp_name,
+                           const char* col_name) {
+  const at::Tensor rp = rowptr.contiguous(), cl = col.contiguous();
+  AT_DISPATCH_INDEX_TYPES(cl.scalar_type(), "check_graph", [&] {
+    check_csr_data<index_t>(rp.data_ptr<int64_t>(), cl.data_ptr<index_t>(), num_rows(rp),
+                            cl.numel(), rp_name, col_name);
+  });
+}
+
+}  // namespace detail
+
+// The data checks of dignn::check_graph on CPU tensors (checked by check_graph_args); raises
+// naming the first bad entry. The GPU op tests the same conditions on the device and, when
+// one fails, runs this on host copies for the message.
+inline void check_graph_data(const at::Tensor& rowptr, const at::Tensor& col,
+                             const Transposed& t) {
+  detail::check_csr_data(rowptr, col, "rowptr", "col");
+  if (!t.defined()) return;
+  detail::check_csr_data(t.rowptr, t.col, "t_rowptr", "t_col");
+  const at::Tensor perm = t.perm.contiguous();
+  AT_DISPATCH_INDEX_TYPES(perm.scalar_type(), "check_graph", [&] {
+    detail::check_permutation<index_t>(perm.data_ptr<index_t>(), perm.numel(), "t_perm");
+  });
 }
 
 }  // namespace dignn

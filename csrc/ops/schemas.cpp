@@ -39,6 +39,13 @@ TORCH_LIBRARY(dignn, m) {
   m.def("neural_weight_grad(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
         "Tensor z, Tensor v, float eps, Tensor? t_rowptr=None, Tensor? t_col=None, "
         "Tensor? t_perm=None) -> (Tensor grad_p, Tensor grad_q)");
+  // The O(nodes + edges) data checks of a CSR (csrc/ops/checks.h): rowptr[0] == 0, rowptr
+  // non-decreasing, rowptr[-1] == col.numel(), 0 <= col < num_nodes; the same for the
+  // transposed CSR, and t_perm a permutation of 0..m-1. Raises naming the first bad entry.
+  // The other ops check shapes, dtypes and devices only; dignn_kernels.ops runs this before
+  // them unless told the graph is trusted. The GPU version reads one flag back (it syncs).
+  m.def("check_graph(Tensor rowptr, Tensor col, int num_nodes, Tensor? t_rowptr=None, "
+        "Tensor? t_col=None, Tensor? t_perm=None) -> ()");
   // The implicit layer's forward solve, Z = X - (1/mu) Delta Z by fixed-point iteration.
   // Neural Laplacian when p and q are given (edge_value = a); otherwise edge_value holds
   // the fixed weights W and kappa their diagonal (row sums when omitted).
@@ -58,7 +65,7 @@ TORCH_LIBRARY(dignn, m) {
 }
 
 TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
-  for (const char* name : {"neural_edge_weights_backward", "neural_diffusion_step",
+  for (const char* name : {"check_graph", "neural_edge_weights_backward", "neural_diffusion_step",
                            "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
                            "implicit_diffusion_backward"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());

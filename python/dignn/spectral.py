@@ -80,7 +80,8 @@ def laplacian_operator(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
         p = c @ layer.theta_phi.weight.detach().to(dtype).t()            # p = c Θφᵀ
         q = x @ layer.theta_varphi.weight.detach().to(dtype).t()         # q = X Θϕᵀ
         w, kappa = ops.neural_edge_weights(graph.rowptr, graph.col, a, p.contiguous(),
-                                           q.contiguous(), layer.eps)   # eq. 13-14
+                                           q.contiguous(), layer.eps,
+                                           trusted=True)                 # eq. 13-14
     else:
         w, chi, kappa = graph.fixed_laplacian(layer.laplacian, dtype)
     return LaplacianOperator(graph.rowptr, graph.col, w, chi, kappa, graph.symmetric)
@@ -90,7 +91,7 @@ def apply_laplacian(op: LaplacianOperator, v: Tensor) -> Tensor:
     """Delta v through the fused forward step with x = 0 and mu = 1."""
     zeros = torch.zeros_like(v)
     return -ops.diffusion_step(op.rowptr, op.col, op.w, op.chi, op.kappa, zeros,
-                               v.contiguous(), 1.0)
+                               v.contiguous(), 1.0, trusted=True)
 
 
 @torch.no_grad()
@@ -163,7 +164,8 @@ def fixed_point_residuals(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
     z = torch.zeros_like(xc)
     out = []
     for _ in range(num_iter):
-        z_next = ops.diffusion_step(op.rowptr, op.col, op.w, op.chi, op.kappa, xc, z, mu)
+        z_next = ops.diffusion_step(op.rowptr, op.col, op.w, op.chi, op.kappa, xc, z, mu,
+                                    trusted=True)
         out.append(float(torch.linalg.vector_norm(z_next - z)))
         z = z_next
     return out

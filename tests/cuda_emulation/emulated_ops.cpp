@@ -16,6 +16,10 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace dignn::emulated;
+  namespace py = pybind11;
+  m.def("check_graph", &check_graph_gpu, py::arg("rowptr"), py::arg("col"),
+        py::arg("num_nodes"), py::arg("t_rowptr") = py::none(), py::arg("t_col") = py::none(),
+        py::arg("t_perm") = py::none());
   m.def("neural_edge_weights", &neural_edge_weights_gpu);
   m.def("neural_edge_weights_backward", &neural_edge_weights_backward_gpu);
   m.def("neural_diffusion_step", &neural_diffusion_step_gpu);
