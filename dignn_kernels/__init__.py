@@ -1,9 +1,19 @@
 """dignn-kernels: fused kernels for DIGNN's implicit graph neural diffusion.
 
-- :class:`FusedImplicitDiffusion`: the drop-in implicit diffusion layer.
-- :mod:`dignn_kernels.ops`: the torch ops (``torch.ops.dignn.*``) it is built from.
-- :mod:`dignn_kernels.reference`: plain PyTorch straight from the paper (the test oracle).
-- :mod:`dignn_kernels.solvers`: fixed point, conjugate gradient and Anderson solves.
+The rooms, from the math up (each imports only those above it):
+
+- :mod:`~dignn_kernels.laplacian`: the formulas of the graph neural Laplacian in PyTorch;
+- :mod:`~dignn_kernels.checks`, :mod:`~dignn_kernels.csr`: argument validation, CSR indices;
+- :mod:`~dignn_kernels.backends`: the pass interface and one module per backend (compiled
+  C++/CUDA, Triton, plain PyTorch);
+- :mod:`~dignn_kernels.ops`: the passes as public functions, one validation for every backend;
+- :mod:`~dignn_kernels.graph`: graph preprocessing and its cache;
+- :mod:`~dignn_kernels.solvers`: fixed point, conjugate gradient and Anderson over the passes,
+  and the one differentiable solve op;
+- :class:`FusedImplicitDiffusion` (:mod:`~dignn_kernels.layer`): the drop-in layer.
+
+:mod:`dignn_kernels.reference` restates the paper in plain PyTorch: the oracle of the tests
+and benchmarks, imported by nothing else.
 """
 import glob
 import os
@@ -40,12 +50,13 @@ def _load_extension() -> None:
 
 _load_extension()
 
-from . import ops, reference, solvers  # noqa: E402
+from . import backends, ops, solvers  # noqa: E402
+from .backends import available_backends  # noqa: E402
 from .graph import CSRGraph, build_graph, cached_graph, clear_graph_cache  # noqa: E402
-from .layer import BACKENDS, FusedImplicitDiffusion, available_backends  # noqa: E402
-from .solvers import SOLVERS, DivergenceWarning  # noqa: E402
+from .layer import BACKENDS, FusedImplicitDiffusion  # noqa: E402
+from .solvers import SOLVERS, DivergenceWarning, backward_stats, implicit_diffusion  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["FusedImplicitDiffusion", "ops", "reference", "solvers", "CSRGraph", "build_graph",
+__all__ = ["FusedImplicitDiffusion", "ops", "backends", "solvers", "CSRGraph", "build_graph",
            "cached_graph", "clear_graph_cache", "BACKENDS", "available_backends", "SOLVERS",
-           "DivergenceWarning"]
+           "DivergenceWarning", "implicit_diffusion", "backward_stats"]

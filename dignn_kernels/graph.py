@@ -24,39 +24,13 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from .csr import csr_rows, diagonal_index, rowptr_from_sorted_rows, transpose_csr
+from . import checks
+
 __all__ = ["CSRGraph", "build_graph", "cached_graph", "clear_graph_cache", "transpose_csr",
-           "diagonal_index", "LAPLACIANS"]
+           "diagonal_index", "csr_rows", "LAPLACIANS"]
 
 LAPLACIANS = ("neural", "rw", "unnormalized", "sym")
-
-
-def _rowptr_from_sorted_rows(rows: Tensor, n: int) -> Tensor:
-    counts = torch.bincount(rows, minlength=n) if rows.numel() else rows.new_zeros(n)
-    rowptr = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=rowptr[1:])
-    return rowptr
-
-
-def transpose_csr(rowptr: Tensor, col: Tensor, n: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """The CSR of the transpose: (t_rowptr, t_col, t_perm), where entry k of the transpose is
-    entry t_perm[k] of the original (so transposed values are ``values[t_perm]``)."""
-    m = col.numel()
-    rows = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
-                                   rowptr[1:] - rowptr[:-1], output_size=m)
-    perm = torch.argsort(col.long() * max(n, 1) + rows, stable=True)
-    t_rowptr = _rowptr_from_sorted_rows(col.long()[perm], n)
-    t_col = rows[perm].to(col.dtype)
-    return t_rowptr, t_col, perm
-
-
-def diagonal_index(rowptr: Tensor, col: Tensor) -> Tensor:
-    """For each row i of a coalesced CSR, the position of entry (i, i), or -1."""
-    n = rowptr.numel() - 1
-    rows = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
-                                   rowptr[1:] - rowptr[:-1], output_size=col.numel())
-    loops = torch.nonzero(rows == col.long()).flatten()
-    index = torch.full((n,), -1, dtype=torch.int64, device=rowptr.device)
-    return index.index_copy_(0, rows[loops], loops)
 
 
 @dataclass
@@ -85,8 +59,7 @@ class CSRGraph:
         """Runs :func:`dignn_kernels.ops.check_graph` on the CSR once (a graph assembled by
         hand); graphs from :func:`build_graph` are valid by construction and skip it."""
         if not self._checked:
-            from .ops import check_graph
-            check_graph(self.rowptr, self.col, self.num_nodes)
+            checks.check_graph(self.rowptr, self.col, self.num_nodes)
             self._checked = True
         return self
 
@@ -109,9 +82,7 @@ class CSRGraph:
     def rows(self) -> Tensor:
         """The row index of every CSR entry."""
         if "rows" not in self._by_dtype:
-            self._by_dtype["rows"] = torch.repeat_interleave(
-                torch.arange(self.num_nodes, device=self.device),
-                self.rowptr[1:] - self.rowptr[:-1], output_size=self.num_edges)
+            self._by_dtype["rows"] = csr_rows(self.rowptr, self.num_edges)
         return self._by_dtype["rows"]
 
     def diagonal_index(self) -> Tensor:
@@ -235,7 +206,7 @@ def _is_symmetric(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> bool:
 def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> CSRGraph:
     rows, cols, values = _coalesce(rows.long(), cols.long(), values, n)
     index_dtype = torch.int32 if n < 2**31 - 1 else torch.int64
-    rowptr = _rowptr_from_sorted_rows(rows, n)
+    rowptr = rowptr_from_sorted_rows(rows, n)
     degree = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, rows,
                                                                                 values)
     return CSRGraph(num_nodes=n, rowptr=rowptr, col=cols.to(index_dtype), value=values,
@@ -279,8 +250,7 @@ def _sparse_to_coo(edge):
         size = tuple(edge.shape)
         if edge.layout == torch.sparse_csr:
             crow, cols = edge.crow_indices(), edge.col_indices()
-            rows = torch.repeat_interleave(torch.arange(size[0], device=crow.device),
-                                           crow[1:] - crow[:-1])
+            rows = csr_rows(crow, cols.numel())
             values = edge.values()
         else:
             edge = edge.coalesce()

@@ -5,46 +5,14 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import ops, solvers, triton_kernels
-from .composed import composed_edge_weights, composed_implicit_diffusion
+from . import backends, solvers
+from .backends import available_backends
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 from .solvers import SOLVERS
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
-BACKENDS = ("auto", "cpu", "cuda", "triton", "torch")
-
-# ``backend="auto"`` on a CUDA device with both GPU backends built: Triton from this many CSR
-# entries on, the CUDA kernels below. Measured on an H100 (bench/results/gpu_h100_2026-11-23/
-# bench_gpu_speed_summary.txt, one training step, h = 64, 10 + 10 sweeps): cornell5 (1.58M
-# entries) cuda 4.83 ms, triton 5.03 ms; the Penn94-shaped graph (2.72M) cuda 7.42, triton
-# 6.23; its heavy-row variant 7.50 against 7.13; a uniform graph of that size 5.57 against
-# 5.31. Below cornell5's size no Triton step was timed; there the launches dominate, and the
-# CUDA backend launches from C++ (bench/gpu_session.sh times both on the real datasets).
-TRITON_MIN_ENTRIES = 2_000_000
-
-
-def _has_cuda_kernels() -> bool:
-    from . import _build_info
-    return bool(_build_info.WITH_CUDA)
-
-
-def available_backends(device: torch.device, num_entries: Optional[int] = None
-                       ) -> Tuple[str, ...]:
-    """The backends that can run on ``device``, the one ``"auto"`` picks first: on a GPU,
-    ``"cuda"`` before ``"triton"`` for graphs of fewer than :data:`TRITON_MIN_ENTRIES` CSR
-    entries (``num_entries``; None counts as small), ``"triton"`` first from there on."""
-    if device.type == "cpu":  # Triton runs on the CPU only in its (slow) interpreter
-        return ("cpu", "torch") + (("triton",) if triton_kernels.available(device) else ())
-    if device.type == "cuda":
-        found = []
-        if _has_cuda_kernels():
-            found.append("cuda")
-        if triton_kernels.available(device):
-            large = num_entries is not None and num_entries >= TRITON_MIN_ENTRIES
-            found.insert(0 if large else len(found), "triton")
-        return tuple(found) + ("torch",)
-    return ("torch",)
+BACKENDS = ("auto",) + backends.BACKENDS
 
 
 def _check_int(name, value, minimum):
@@ -161,7 +129,7 @@ class FusedImplicitDiffusion(nn.Module):
         backward's are not seen under torch.compile)."""
         if self._stats is None:
             return None
-        stats = self._stats if index < 3 else ops.backward_stats(self._stats)
+        stats = self._stats if index < 3 else solvers.backward_stats(self._stats)
         if stats is None:
             return None
         value = float(stats[index % 3])
@@ -253,14 +221,7 @@ class FusedImplicitDiffusion(nn.Module):
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
             torch.float32
         xc = x.to(compute)
-        if backend == "torch" and solver == "fixed_point" and \
-                not torch.compiler.is_compiling():
-            # the torch.sparse composition, the baseline; under torch.compile the torch
-            # passes run in the traceable solve op instead (its loop exits on a host test)
-            stats = torch.zeros(3, dtype=torch.float64)
-            z = self._forward_composed(graph, xc, stats, host_checks)
-        else:
-            z, stats = self._forward_kernels(graph, xc, backend, solver, host_checks)
+        z, stats = self._forward_kernels(graph, xc, backend, solver, host_checks)
         self._stats = stats
         return z.to(out_dtype)
 
@@ -310,22 +271,6 @@ class FusedImplicitDiffusion(nn.Module):
             return call(graph.rowptr, graph.col, a, x, chi, p, q, None, **config)
         w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
         return call(graph.rowptr, graph.col, w, x, chi, None, None, kappa, **config)
-
-    def _forward_composed(self, graph: CSRGraph, x: Tensor, stats: Tensor,
-                          host_checks: bool) -> Tensor:
-        config = dict(mu=self.mu, max_iter=self.max_iter, tol=self.tol, stats=stats)
-        if self.laplacian == "neural":
-            a, degree = graph.values(x.dtype)
-            chi, p, q = self._projections(x, degree)
-            w = composed_edge_weights(graph, a, p, q, self.eps)
-            z = composed_implicit_diffusion(graph, x, w, chi, None, **config)
-        else:
-            w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
-            z = composed_implicit_diffusion(graph, x, w, chi, kappa, **config)
-        if host_checks and bool(solvers.fixed_point_diverged(
-                x.detach(), z.detach(), chi.detach(), graph.symmetric)):
-            solvers._warn_fixed_point_diverged(self.mu, stacklevel=4)
-        return z
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, mu={self.mu}, laplacian={self.laplacian!r}, "

@@ -2,8 +2,9 @@
 
 Shared by tests/test_op_validation.py (the CPU ops, the triton backend, CUDA) and
 tests/test_cuda_emulated.py (the GPU host code in the kernels' emulator). An op is called
-through a Python face ``api`` (dignn_kernels.ops, dignn_kernels.triton_kernels, ...) with the
-signatures of dignn_kernels.ops; every case must raise RuntimeError naming the argument.
+through a face ``api`` (tests/backend_faces.py: dignn_kernels.ops with ``backend=``, the solve
+entry) with the signatures of dignn_kernels.ops; every case must raise RuntimeError naming
+the argument.
 """
 import dataclasses
 import re
@@ -77,18 +78,10 @@ OPS = {
         lambda api, s, **kw: api.neural_edge_weights_backward(
             s.rowptr, s.col, s.a, s.p, s.q, EPS, s.grad_w, s.t_rowptr, s.t_col, s.t_perm, **kw),
         ("rowptr", "col"), "p", True),
-    "neural_diffusion_step": (
-        lambda api, s, **kw: api.neural_diffusion_step(s.rowptr, s.col, s.a, s.p, s.q, s.chi,
-                                                       s.x, s.z, MU, EPS, **kw),
-        ("rowptr", "col"), "x", False),
     "diffusion_step": (
         lambda api, s, **kw: api.diffusion_step(s.rowptr, s.col, s.w, s.chi, s.kappa, s.x, s.z,
                                                 MU, **kw),
         ("rowptr", "col"), "x", False),
-    "adjoint_step": (
-        lambda api, s, **kw: api.adjoint_step(s.t_rowptr, s.t_col, s.t_w, s.chi, s.kappa, s.g,
-                                              s.z, MU, **kw),
-        ("t_rowptr", "t_col"), "g", False),
     "csr_fma": (
         lambda api, s, **kw: api.csr_fma(s.rowptr, s.col, s.w, s.z, s.x, s.cy, s.rs, **kw),
         ("rowptr", "col"), "z", False),

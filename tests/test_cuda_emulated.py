@@ -7,6 +7,7 @@ groups, channel vectors, heavy-row splits and combines, fixed-order norm reducti
 device-side convergence flag as on a GPU, on CPU tensors, and compares every op with the CPU
 kernels. What it cannot show (speed, memory-model subtleties, CUDA graphs) is in test_cuda.py.
 """
+import dataclasses
 import hashlib
 import tempfile
 from pathlib import Path
@@ -14,9 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import dignn_kernels as dk
+from dignn_kernels import checks, ops
+from dignn_kernels.backends import FusedSolve, get_backend
+from backend_faces import face
 from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, rel_err
-from dignn_kernels import ops
 from gpu_op_cases import check_against_cpu, graph_case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,13 +160,25 @@ def test_argument_errors(emu):
         emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)
 
 
+def emulated_cpu_backend(emu, monkeypatch):
+    """The public face with the emulated GPU host code under it: the ops' Python face, the
+    graph check and the compiled backend's passes and fused solve."""
+    monkeypatch.setattr(ops, "_ops", emu)
+    monkeypatch.setattr(checks, "_CHECK_OP", emu.check_graph)
+    monkeypatch.setitem(dk.backends._REGISTRY, "cpu", dataclasses.replace(
+        get_backend("cpu"), neural_edge_weights=emu.neural_edge_weights, row_pass=emu.csr_fma,
+        gradient_pass=emu.neural_weight_grad,
+        fused_solve=FusedSolve(emu.implicit_diffusion, emu.implicit_diffusion_backward)))
+    return face("cpu")
+
+
 @pytest.mark.parametrize("op,changes,regex", all_cases())
 def test_bad_graphs(emu, monkeypatch, op, changes, regex):
     """Every bad graph through the Python face (dignn_kernels.ops) with the GPU host code
     under it: the device version of check_graph (conditions on the device, one flag read
     back) and the ops' shape checks. Each raises naming the argument, as on the CPU."""
-    monkeypatch.setattr(ops, "_ops", emu)
-    assert_raises_naming(lambda: OPS[op][0](ops, inputs().replace(**changes)), regex)
+    api = emulated_cpu_backend(emu, monkeypatch)
+    assert_raises_naming(lambda: OPS[op][0](api, inputs().replace(**changes)), regex)
 
 
 @pytest.mark.parametrize("op,changes,regex", all_cases())
@@ -202,9 +218,8 @@ def test_check_graph_accepts_valid_graphs(emu, kind):
 def test_strided_graph_tensors(emu, monkeypatch, op):
     """A CSR of strided views gives the CPU ops' results through the GPU host code."""
     s = strided(inputs())
-    want = OPS[op][0](ops, s)
-    monkeypatch.setattr(ops, "_ops", emu)
-    got = OPS[op][0](ops, s)
+    want = OPS[op][0](face("cpu"), s)
+    got = OPS[op][0](emulated_cpu_backend(emu, monkeypatch), s)
     for a, b in zip(want if isinstance(want, tuple) else (want,),
                     got if isinstance(got, tuple) else (got,)):
         assert rel_err(b, a) < 1e-9, op

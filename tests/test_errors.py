@@ -133,8 +133,9 @@ def test_gradient_of_cached_weights_is_refused(graph):
     a, deg = g.values(torch.float32)
     p = torch.randn(20, 3, requires_grad=True)
     chi = deg.clone()
-    _, w_out, _, _ = torch.ops.dignn.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, p, None,
-                                                        2.0, 1e-6, 3, 0.0)
+    _, w_out, _, _ = torch.ops.dignn.implicit_solve(
+        g.rowptr, g.col, a, x, chi, p, p, None, None, None, None, None, 2.0, 1e-6, 3, 0.0,
+        "fixed_point", "cpu", -1, 5)
     assert not w_out.requires_grad
 
 

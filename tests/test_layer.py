@@ -1,4 +1,6 @@
 """FusedImplicitDiffusion against the dense float64 solve, gradcheck and the paper reference."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -321,12 +323,13 @@ def test_sync_checks():
 def test_auto_backend_rule(monkeypatch):
     """On a GPU, auto takes the CUDA kernels below TRITON_MIN_ENTRIES CSR entries and Triton
     from there on (the H100 benchmark's crossover); the CPU always takes the C++ kernels."""
-    from dignn_kernels import layer as layer_mod
-    monkeypatch.setattr(layer_mod, "_has_cuda_kernels", lambda: True)
-    monkeypatch.setattr(layer_mod.triton_kernels, "available", lambda device: True)
+    registry = dk.backends._REGISTRY
+    for name in ("cuda", "triton"):
+        monkeypatch.setitem(registry, name, dataclasses.replace(
+            registry[name], available=lambda device: device.type == "cuda"))
     gpu = torch.device("cuda", 0)
-    small = dk.available_backends(gpu, layer_mod.TRITON_MIN_ENTRIES - 1)
-    large = dk.available_backends(gpu, layer_mod.TRITON_MIN_ENTRIES)
+    small = dk.available_backends(gpu, dk.backends.TRITON_MIN_ENTRIES - 1)
+    large = dk.available_backends(gpu, dk.backends.TRITON_MIN_ENTRIES)
     assert small == ("cuda", "triton", "torch") and large == ("triton", "cuda", "torch")
     assert dk.available_backends(gpu) == small
     assert dk.available_backends(torch.device("cpu"), 10 ** 9)[0] == "cpu"

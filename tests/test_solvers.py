@@ -1,6 +1,7 @@
-"""The equilibrium solvers (issue 5): fixed point, Jacobi-preconditioned CG on the SPD form
+"""The equilibrium solvers: fixed point, Jacobi-preconditioned CG on the SPD form
 (C + L/mu) Z = C X, Anderson acceleration, against the dense float64 solve, gradcheck and each
 other; divergence of the fixed point below lambda_max; the on-device stopping logic."""
+import dataclasses
 import math
 import warnings
 
@@ -8,12 +9,23 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import ops, reference, solvers, torch_passes
+from dignn_kernels import ops, reference, solvers
+from dignn_kernels.backends import get_backend
+from backend_faces import face
 from dignn_kernels.synthetic import uniform_graph
 from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
 
 EXACT = dict(max_iter=400, tol=1e-14)
 SOLVERS = ["fixed_point", "cg", "anderson"]
+CPU = get_backend("cpu")
+torch_passes = face("torch")
+
+
+@pytest.fixture
+def unfused_cpu(monkeypatch):
+    """backend="cpu" without its fused solve: the solvers' loops on the compiled passes."""
+    monkeypatch.setitem(dk.backends._REGISTRY, "cpu",
+                        dataclasses.replace(CPU, fused_solve=None))
 
 
 def dense(layer, x, ei, w, mu=None):
@@ -221,7 +233,7 @@ def test_python_fixed_point_stops_at_divergence(backend):
     if backend == "cpu":  # the compiled loop runs all 2000 iterations, then warns
         with pytest.warns(dk.DivergenceWarning, match="mu=0.5"):
             solvers.implicit_diffusion(g.rowptr, g.col, wf, x, chi, None, None, kappa, **kw)
-        system = solvers.EquilibriumSystem(ops, g.rowptr, g.col, wf, chi, kappa, 0.5)
+        system = solvers.EquilibriumSystem(CPU, g.rowptr, g.col, wf, chi, kappa, 0.5)
         out = solvers.solve_forward(system, x, "fixed_point", max_iter=2000, tol=0.0)
         assert bool(out.diverged) and int(out.sweeps) < 100
         assert torch.isfinite(out.solution).all()
@@ -279,13 +291,13 @@ def test_cg_sweeps_within_chebyshev_bound(mu):
     if mu == 2.2:
         g = dk.build_graph(edge_index, 406)
         wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
-        system = solvers.EquilibriumSystem(ops, g.rowptr, g.col, wf, chi, kappa, mu)
+        system = solvers.EquilibriumSystem(CPU, g.rowptr, g.col, wf, chi, kappa, mu)
         fp = solvers.solve_forward(system, x, "fixed_point", max_iter=2000, tol=1e-6)
         assert int(fp.sweeps) >= 5 * layer.iterations
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-def test_check_every_does_not_change_results(solver):
+def test_check_every_does_not_change_results(solver, unfused_cpu):
     """Converged solves freeze on the device, so reading the flag every sweep, every 3
     sweeps or never (a fixed max_iter sweeps) gives bit-identical results and stats."""
     x, ei, w = make_graph("weighted", n=40, d=5)
@@ -298,28 +310,31 @@ def test_check_every_does_not_change_results(solver):
             g.rowptr, g.col, wf, xr, chi, None, None, kappa, None, None, None, None, 2.2, 1e-6,
             200, 1e-9, solver, "cpu", check_every, 5)
         (gx,) = torch.autograd.grad(z, xr, torch.ones_like(z))
-        results.append((z.detach(), gx, stats, ops.backward_stats(stats)))
+        results.append((z.detach(), gx, stats, solvers.backward_stats(stats)))
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
     assert results[0][2][0] < 200  # converged before max_iter
 
 
-def test_python_fixed_point_matches_compiled_loop():
+def test_python_fixed_point_matches_compiled_loop(unfused_cpu):
     """solver='fixed_point' on csr_fma is the compiled loop's iteration: Z_1 = X, then one
-    sweep per iteration."""
+    sweep per iteration, the same iteration count and stopping test."""
     x, ei, w = make_graph("weighted", n=30, d=5)
     layer = make_layer(5, "neural", max_iter=9, tol=0.0)
     g = dk.build_graph(ei, x.size(0), w)
     a, degree = g.values(x.dtype)
     chi, p, q = layer._projections(x, degree)
-    want, _ = ops.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, mu=layer.mu,
-                                     max_iter=9, tol=0.0)
-    z, _, _, stats = torch.ops.dignn.implicit_solve(
-        g.rowptr, g.col, a, x, chi, p, q, None, None, None, None, None, layer.mu, 1e-6, 8, 0.0,
-        "fixed_point", "cpu", 1, 5)
-    assert int(stats[0]) == 8
-    assert rel_err(z, want) < 1e-14
+    for tol in (0.0, 1e-4):
+        want, want_stats = torch.ops.dignn.implicit_diffusion(
+            g.rowptr, g.col, a, x, chi, p, q, None, layer.mu, 1e-6, 9, tol, None, None,
+            None)[::3]
+        z, _, _, stats = torch.ops.dignn.implicit_solve(
+            g.rowptr, g.col, a, x, chi, p, q, None, None, None, None, None, layer.mu, 1e-6, 9,
+            tol, "fixed_point", "cpu", 1, 5)
+        assert int(stats[0]) == int(want_stats[0]) == (9 if tol == 0 else int(stats[0]))
+        assert rel_err(z, want) < 1e-14
+        assert torch.allclose(stats[:3], want_stats, rtol=1e-12)
 
 
 def test_solve_history_and_stats():
@@ -327,7 +342,7 @@ def test_solve_history_and_stats():
     g = dk.build_graph(ei, x.size(0), w)
     wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
     _, delta = reference.dense_equilibrium(x, ei, w, laplacian="rw", mu=2.2)
-    system = solvers.EquilibriumSystem(ops, g.rowptr, g.col, wf, chi, kappa, 2.2)
+    system = solvers.EquilibriumSystem(CPU, g.rowptr, g.col, wf, chi, kappa, 2.2)
     for solver in SOLVERS:
         out = solvers.solve_forward(system, x, solver, max_iter=300, tol=1e-8)
         k = int(out.sweeps)

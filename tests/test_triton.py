@@ -4,10 +4,11 @@ the layer with backend="triton" against backend="cpu"; the device-side solve loo
 Each test runs on the devices the kernels can use in this session: on the CPU in Triton's
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when no GPU is present) and on CUDA
 (marker ``cuda``, skipped without a GPU). The interpreter runs a kernel in NumPy, program by
-program, so the graphs here are small; EDGE_CHUNK is lowered in some cases so that small
-graphs have rows split into several work items (the heavy-row path), and the shapes include
+program, so the graphs here are small; SEGMENT_EDGES is lowered in some cases so that small
+graphs have rows split into several segments (the heavy-row path), and the shapes include
 odd widths and widths over one tile (the masking and tiling paths).
 """
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,9 +17,13 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import composed, ops, reference
-from dignn_kernels import triton_kernels as tk
+from dignn_kernels import laplacian, ops, reference
+from dignn_kernels.backends import triton as tb
+from backend_faces import face
 from conftest import make_graph, make_layer, rel_err, thetas
+
+tk = face("triton")  # the triton passes and solve through the public face
+compiled = face("cpu")
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
@@ -27,7 +32,7 @@ cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 @pytest.fixture(params=[pytest.param("cpu", id="interpreter"),
                         pytest.param("cuda", id="cuda", marks=cuda_only)])
 def device(request):
-    if request.param == "cpu" and not tk.available("cpu"):
+    if request.param == "cpu" and not tb.available("cpu"):
         pytest.skip("the Triton kernels were compiled for the GPU in this session "
                     "(TRITON_INTERPRET unset); these checks run on CUDA (marker cuda)")
     return torch.device(request.param)
@@ -35,15 +40,15 @@ def device(request):
 
 @pytest.fixture
 def chunk(request, monkeypatch):
-    """EDGE_CHUNK for the test (indirect parametrization; default: the module's)."""
-    value = getattr(request, "param", tk.EDGE_CHUNK)
-    monkeypatch.setattr(tk, "EDGE_CHUNK", value)
+    """SEGMENT_EDGES for the test (indirect parametrization; default: the module's)."""
+    value = getattr(request, "param", tb.SEGMENT_EDGES)
+    monkeypatch.setattr(tb, "SEGMENT_EDGES", value)
     return value
 
 
 def hub_graph(n=80, seed=0):
     """A symmetric graph whose node 0 is joined to nodes 1 .. n - 4 (degree 76 for n = 80,
-    more than the default EDGE_CHUNK), plus a sparse random part; the last 3 nodes are
+    more than the default SEGMENT_EDGES), plus a sparse random part; the last 3 nodes are
     isolated."""
     g = torch.Generator().manual_seed(seed)
     others = torch.arange(1, n - 3)
@@ -108,12 +113,12 @@ def tol_for(dtype):
 @pytest.mark.parametrize("chunk_size", [1, 3, 64])
 def test_schedule_covers_every_edge_once(chunk_size):
     """Work items: every edge in exactly one item of at most `chunk` edges, one item per empty
-    row, items sorted longest first, split rows' slots contiguous and disjoint."""
+    row, items sorted longest first, heavy rows' slots contiguous and disjoint."""
     g, *_ = graph_inputs("hub", n=80)
     rowptr = g.rowptr
     n, m = g.num_nodes, g.num_edges
-    s = tk.build_schedule(rowptr, m, chunk_size)
-    row, start, length, slot = s.item_row, s.item_start, s.item_len.long(), s.item_slot
+    s = tb.build_schedule(rowptr, m, chunk_size)
+    row, start, length, slot = s.segment_row, s.segment_start, s.segment_len.long(), s.segment_slot
     real = row >= 0
     assert bool((length <= chunk_size).all()) and bool((length[:-1] >= length[1:]).all())
     covered = torch.zeros(m, dtype=torch.long)
@@ -125,11 +130,11 @@ def test_schedule_covers_every_edge_once(chunk_size):
     items_per_row = torch.bincount(row[real], minlength=n)
     assert torch.equal(items_per_row, torch.clamp_min(-(-deg // chunk_size), 1))
     assert bool((slot[real & (items_per_row[row.clamp_min(0)] == 1)] == -1).all())
-    split_rows = s.split_row[s.split_row >= 0]
-    assert split_rows.numel() >= 1  # the hub (degree 76) is split even at chunk 64
-    assert sorted(split_rows.tolist()) == torch.nonzero(items_per_row > 1).flatten().tolist()
+    heavy_rows = s.heavy_row[s.heavy_row >= 0]
+    assert heavy_rows.numel() >= 1  # the hub (degree 76) is split even at chunk 64
+    assert sorted(heavy_rows.tolist()) == torch.nonzero(items_per_row > 1).flatten().tolist()
     used = []
-    for r, f, c in zip(s.split_row.tolist(), s.split_first.tolist(), s.split_count.tolist()):
+    for r, f, c in zip(s.heavy_row.tolist(), s.heavy_first.tolist(), s.heavy_count.tolist()):
         if r < 0:
             continue
         assert sorted(slot[row == r].tolist()) == list(range(f, f + c))
@@ -139,9 +144,9 @@ def test_schedule_covers_every_edge_once(chunk_size):
 
 def test_schedule_of_a_graph_without_edges():
     rowptr = torch.zeros(5, dtype=torch.int64)
-    s = tk.build_schedule(rowptr, 0, 64)
-    assert s.num_items == 4 and s.num_split == 0
-    assert sorted(s.item_row.tolist()) == [0, 1, 2, 3] and bool((s.item_len == 0).all())
+    s = tb.build_schedule(rowptr, 0, 64)
+    assert s.num_segments == 4 and s.num_heavy == 0
+    assert sorted(s.segment_row.tolist()) == [0, 1, 2, 3] and bool((s.segment_len == 0).all())
 
 
 # -------------------------------------------------------------------------- kernels --
@@ -175,28 +180,17 @@ def test_passes_match_cpu_ops_and_dense(device, kind, n, d, h, dtype, chunk):
     tw, tkappa = tk.neural_edge_weights(rp, cl, ad, pd, qd, 1e-6)
     assert rel_err(tw.cpu(), w) < tol and rel_err(tkappa.cpu(), kappa) < tol
 
-    # the forward step, fused and with cached weights, vs x - Delta z / mu (eq. iter)
+    # the forward step with cached weights vs x - Delta z / mu (eq. iter)
     wd = dense_w(g, w)
     guard = chi > reference.CHI_FLOOR
     inv_chi = torch.where(guard, 1 / torch.where(guard, chi, torch.ones_like(chi)),
                           torch.zeros_like(chi))
     delta = inv_chi[:, None] * (torch.diag(kappa) - wd)
     want = x - delta @ z / mu
-    fused, fw, fkappa = tk.neural_diffusion_step(rp, cl, ad, pd, qd, chid, xd, zd, mu)
-    assert rel_err(fused.cpu(), want) < 10 * tol
-    assert rel_err(fused.cpu(), ops.neural_diffusion_step(g.rowptr, g.col, a, p, q, chi, x, z,
-                                                          mu)[0]) < tol
-    assert torch.equal(fw, tw) and torch.equal(fkappa, tkappa)
     cached = tk.diffusion_step(rp, cl, *dev(w, chi, kappa), xd, zd, mu)
     assert rel_err(cached.cpu(), want) < 10 * tol
     assert rel_err(cached.cpu(), ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, z,
                                                     mu)) < tol
-
-    # the adjoint step on the CSR of W^T: g - Delta^T u / mu
-    adj = tk.adjoint_step(*dev(t[0], t[1], w[t[2]], chi, kappa), xd, zd, mu)
-    assert rel_err(adj.cpu(), x - delta.T @ z / mu) < 10 * tol
-    assert rel_err(adj.cpu(), ops.adjoint_step(t[0], t[1], w[t[2]], chi, kappa, x, z,
-                                               mu)) < tol
 
     # the generic row pass
     fma = tk.csr_fma(rp, cl, *dev(w, y, x, cy, rs))
@@ -218,8 +212,9 @@ def test_weight_grad_matches_autograd(device, kind):
     g, x, p, q, a, chi = graph_inputs(kind)
     z, v = torch.randn_like(x), torch.randn_like(x)
     pr, qr = p.clone().requires_grad_(), q.clone().requires_grad_()
-    w = composed.composed_edge_weights(g, a, pr, qr, 1e-6)
     rows, cols = g.rows(), g.col.long()
+    pi, _, rho = laplacian.edge_terms(rows, cols, pr, qr)
+    w = laplacian.neural_edge_weight(a, pi, rho, 1e-6)
     gp, gq = torch.autograd.grad((w * (v[rows] * (z[cols] - z[rows])).sum(1)).sum(), [pr, qr])
     got_p, got_q = tk.neural_weight_grad(*to(device, g.rowptr, g.col, a, p, q, z, v), 1e-6,
                                          *to(device, *transposed_or_none(g)))
@@ -279,7 +274,7 @@ def test_implicit_diffusion_matches_cpu_op(device, kind, neural, chunk):
     leaves = [x, chi] + ([p, q] if neural else [])
     grad_out = torch.randn_like(x)
     results = []
-    for dev, impl in ((torch.device("cpu"), ops), (device, tk)):
+    for dev, impl in ((torch.device("cpu"), compiled), (device, tk)):
         inputs = [u.to(dev).requires_grad_() for u in leaves]
         xr, chir = inputs[:2]
         pq = inputs[2:] if neural else [None, None]
@@ -299,16 +294,16 @@ def test_implicit_diffusion_matches_cpu_op(device, kind, neural, chunk):
         assert rel_err(a_.cpu(), b_) < 1e-12
 
 
-def test_solve_stops_on_the_device(device, monkeypatch):
-    """The convergence flag: with a loose tol the solve stops where the CPU loop stops (the
-    later steps only copy), max_iter = 1 returns x (and still the weights), tol = 0 runs
-    every iteration."""
+def test_solve_stops_where_the_compiled_loop_stops(device):
+    """The solvers' fixed point on the Triton passes against the compiled backend's fused
+    loop: with a loose tol it stops at the same iteration, max_iter = 1 returns x, tol = 0
+    runs every iteration."""
     g, x, p, q, a, chi = graph_inputs("symmetric", n=24, d=6, h=4)
     args_cpu = (g.rowptr, g.col, a, x, chi, p, q)
     args_dev = to(device, *args_cpu)
     iterations = []
     for max_iter, tol in ((40, 1e-3), (40, 1e-7), (1, 1e-6), (6, 0.0)):
-        z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=max_iter, tol=tol)
+        z0, s0 = compiled.implicit_diffusion(*args_cpu, mu=3.0, max_iter=max_iter, tol=tol)
         z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=max_iter, tol=tol)
         assert s1.cpu()[0] == s0[0], (max_iter, tol)
         assert rel_err(z1.cpu(), z0) < 1e-13 and torch.allclose(s1.cpu(), s0, rtol=1e-9)
@@ -316,26 +311,11 @@ def test_solve_stops_on_the_device(device, monkeypatch):
     assert 2 < iterations[0] < iterations[1] < 17 and iterations[2:] == [1, 6]
     z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=1)
     assert torch.equal(z1.cpu(), x) and float(s1[0]) == 1
-    # a long solve stops launching within CHECK_EVERY steps of converging (the host reads
-    # the device's flag once per CHECK_EVERY steps), and never reads it with CHECK_EVERY = 0
-    steps = []
-    jit = tk._jit()
-    finish = jit.finish_step
-    monkeypatch.setattr(jit, "finish_step", lambda *a: (steps.append(1), finish(*a)))
-    z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=60, tol=1e-7)
-    z1, s1 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=60, tol=1e-7)
-    assert s1.cpu()[0] == s0[0] < 60 - tk.CHECK_EVERY
-    assert rel_err(z1.cpu(), z0) < 1e-13
-    assert s0[0] - 1 <= len(steps) < s0[0] - 1 + tk.CHECK_EVERY
-    steps.clear()
-    monkeypatch.setattr(tk, "CHECK_EVERY", 0)
-    z2, s2 = tk.implicit_diffusion(*args_dev, mu=3.0, max_iter=30, tol=1e-7)
-    assert len(steps) == 29 and torch.equal(s2, s1) and torch.equal(z2, z1)
     # no edges: Z_2 = X exactly, so even tol = 0 stops at iteration 2
     empty = torch.zeros(2, 0, dtype=torch.long)
     ge = dk.build_graph(empty, x.size(0))
     args_cpu = (ge.rowptr, ge.col, ge.value.double(), x, chi, p, q)
-    z0, s0 = ops.implicit_diffusion(*args_cpu, mu=3.0, max_iter=10, tol=0.0)
+    z0, s0 = compiled.implicit_diffusion(*args_cpu, mu=3.0, max_iter=10, tol=0.0)
     z1, s1 = tk.implicit_diffusion(*to(device, *args_cpu), mu=3.0, max_iter=10, tol=0.0)
     assert float(s1[0]) == float(s0[0]) == 2 and torch.equal(z1.cpu(), x)
     zero = torch.zeros_like(x)  # X = 0 converges at iteration 1: Z = 0
@@ -356,18 +336,12 @@ def test_opcheck_every_op(device):
     cases = {
         "neural_edge_weights": [(rp, cl, a, p, q, 1e-6), (rp, cl, a, *req(p, q), 1e-6)],
         "neural_edge_weights_backward": [(rp, cl, a, p, q, 1e-6, torch.randn_like(w), *t)],
-        "neural_diffusion_step": [(rp, cl, a, p, q, chi, x, z, 2.2, 1e-6)],
-        "diffusion_step": [(rp, cl, w, chi, kappa, x, z, 2.2)],
-        "adjoint_step": [(t[0], t[1], w[t[2]], chi, kappa, x, z, 2.2)],
         "csr_fma": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
         "neural_weight_grad": [(rp, cl, a, p, q, z, v, 1e-6, *t), (rp, cl, a, p, q, z, v, 1e-6)],
-        "implicit_diffusion": [
-            (rp, cl, a, *req(x, chi, p, q), None, 3.0, 1e-6, 3, 1e-8, *t),
-            (rp, cl, w, *req(x), chi, None, None, kappa, 3.0, 1e-6, 3, 1e-8)],
-        "implicit_diffusion_backward": [(rp, cl, a, w, kappa, *t, x, chi, p, q, z,
-                                         torch.randn_like(x), 3.0, 1e-6, 3, 1e-8)],
     }
-    assert set(cases) == {n for n in tk.__all__ if hasattr(torch.ops.dignn_triton, n)}
+    assert set(cases) == {name for name in dir(torch.ops.dignn_triton)
+                          if isinstance(getattr(torch.ops.dignn_triton, name),
+                                        torch._ops.OpOverloadPacket)}
     for op_name, samples in cases.items():
         for args in samples:
             torch.library.opcheck(getattr(torch.ops.dignn_triton, op_name).default, args)
@@ -432,7 +406,7 @@ def test_guard_zero_feature_rows(device):
 
 @pytest.mark.parametrize("chunk", [3], indirect=True)
 def test_deterministic_bitwise(device, chunk):
-    """No atomics: the same inputs give the same bits, split rows included."""
+    """No atomics: the same inputs give the same bits, heavy rows included."""
     x, ei, w = make_graph("directed", n=40, d=6, dtype=torch.float32)
     layer = make_layer(6, dtype=torch.float32, backend="triton").to(device)
     outs = []
@@ -474,13 +448,13 @@ def test_torch_compile(device):
 def test_bad_input_is_named(device):
     g, x, p, q, a, chi = to(device, *graph_inputs("symmetric"))
     rp, cl = g.rowptr.to(device), g.col.to(device)
-    with pytest.raises(RuntimeError, match="mu must be > 0"):
+    with pytest.raises(ValueError, match="mu must be a finite number > 0"):
         tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=0.0)
     with pytest.raises(RuntimeError, match="x has 19 rows but the graph has 20 nodes"):
         tk.implicit_diffusion(rp, cl, a, x[:19], chi, p, q, mu=2.0)
     with pytest.raises(RuntimeError, match="p and q go together"):
         tk.implicit_diffusion(rp, cl, a, x, chi, p, None, mu=2.0)
-    with pytest.raises(RuntimeError, match="max_iter must be >= 1"):
+    with pytest.raises(ValueError, match="max_iter must be an integer >= 1"):
         tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=2.0, max_iter=0)
     with pytest.raises(RuntimeError, match="rowptr must be int64"):
         tk.neural_edge_weights(rp.int(), cl, a, p, q)
@@ -493,13 +467,14 @@ def test_bad_input_is_named(device):
 
 
 def test_availability_is_reported(monkeypatch):
-    assert tk.available("cpu") == tk.interpreted()
-    assert not tk.available("meta")
-    assert tk.available("cuda") == (HAS_CUDA and tk._triton_installed())
-    assert dk.backends.kernels_for("triton") is tk
+    assert tb.available("cpu") == tb.interpreted()
+    assert not tb.available("meta")
+    assert tb.available("cuda") == (HAS_CUDA and tb._triton_installed())
+    assert dk.backends.get_backend("triton") is tb.TRITON
     backends = dk.available_backends(torch.device("cpu"))
-    assert backends[:2] == ("cpu", "torch") and ("triton" in backends) == tk.interpreted()
-    monkeypatch.setattr(tk, "available", lambda device=None: False)
+    assert backends[:2] == ("cpu", "torch") and ("triton" in backends) == tb.interpreted()
+    monkeypatch.setitem(dk.backends._REGISTRY, "triton",
+                        dataclasses.replace(tb.TRITON, available=lambda device: False))
     assert "triton" not in dk.available_backends(torch.device("cpu"))
     layer = dk.FusedImplicitDiffusion(3, backend="triton")
     with pytest.raises(RuntimeError, match="backend='triton' cannot run on cpu.*TRITON_INTERPRET"):
@@ -587,10 +562,11 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import dignn_kernels as dk
-from dignn_kernels import _triton_jit as jit, triton_kernels as tk
+from dignn_kernels import ops
+from dignn_kernels.backends import _triton_jit as jit, triton as tb
 
 assert not jit.INTERPRETED
-tk._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
+tb._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
 TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64"}
 variants = {}
 
@@ -630,14 +606,15 @@ for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric
         a, deg = g.values(torch.float32)
         chi = deg.clone().requires_grad_()
         t = g.transposed() or (None, None, None)
-        solver = dict(mu=2.0, max_iter=3, tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
-        z, _ = tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **solver)
+        solver = dict(mu=2.0, max_iter=3, tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2],
+                      backend="triton")
+        z, _ = dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **solver)
         z.sum().backward()
         w, kappa, _ = g.fixed_laplacian("rw", torch.float32)
-        z, _ = tk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
+        z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
         z.sum().backward()
-        tk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
-        w, kappa = tk.neural_edge_weights(g.rowptr, g.col, a, p, q)
+        dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
+        w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, backend="triton")
         (w.sum() + kappa.sum()).backward()
 
 target = GPUTarget("cuda", 90, 32)

@@ -1,41 +1,43 @@
 """The Triton kernels of the ``triton`` backend and their launchers (needs ``triton``).
 
 Every kernel implements a formula of ``csrc/dignn/laplacian_math.h``; the docstring of each says
-which. :mod:`dignn_kernels.triton_kernels` wraps the launchers into ``torch.library`` custom ops,
-the solve loops and autograd; this module only knows CSR rows and tiles.
+which. :mod:`dignn_kernels.backends.triton` wraps the launchers into ``torch.library`` custom
+ops; this module only knows CSR rows and tiles.
 
-Work decomposition (the same for every pass). A CSR row's edges are cut into *items* of at most
-``chunk`` edges: a row of degree 1 is one item, a row of degree 5,000 is ceil(5000 / chunk)
-items. The items are sorted by length, longest first, and a program takes ``ROWS`` consecutive
-items as the rows of a 2-D tile (items x channels): each step of its edge loop gathers one
-neighbour row per item, so the loop runs for the longest item of the tile, at most ``chunk``
-steps, and neighbouring programs have items of about the same length (little masked work). An
-item that covers a whole row finishes it in the kernel (the row's epilogue: the fixed-point
-update and its residual). The items of a row longer than ``chunk`` write their partial sums to
-a scratch slot, and a second kernel adds a row's slots in slot order and runs the epilogue.
-So the heaviest row of a power-law graph costs a few chunk-long items spread over the grid
-instead of one program looping over thousands of edges, nothing is accumulated with atomics,
-and every sum is taken in an order fixed by the graph alone: results are the same bit for bit
-from run to run. (Bucketing rows by degree alone would still leave one program per heavy
-row; merge-path splitting would need a segmented scan; fixed chunks keep both the kernel and
-its order simple.) The schedule is built on the device without a host sync (its sizes are
-bounds computed from n and m), so it can be built inside a captured CUDA graph.
+Work decomposition (the same for every pass; the vocabulary and constants of
+:mod:`dignn_kernels.backends.schedule`, shared with the CUDA kernels). A CSR row's edges are
+cut into *segments* of at most ``segment_edges`` edges: a row of degree 1 is one segment, a
+row of degree 5,000 is ceil(5000 / segment_edges) segments. The segments are sorted by
+length, longest first, and a program takes ``ROWS`` consecutive segments as the rows of a 2-D
+tile (segments x channels): each step of its edge loop gathers one neighbour row per segment,
+so the loop runs for the longest segment of the tile, at most ``segment_edges`` steps, and
+neighbouring programs have segments of about the same length (little masked work). A segment
+that covers a whole row finishes it in the kernel (the row's epilogue). The segments of a
+*heavy row* (more than ``segment_edges`` edges) write their partial sums to a scratch slot,
+and a second kernel adds a row's slots in slot order and runs the epilogue. So the heaviest
+row of a power-law graph costs a few full segments spread over the grid instead of one
+program looping over thousands of edges, nothing is accumulated with atomics, and every sum
+is taken in an order fixed by the graph alone: results are the same bit for bit from run to
+run. (Bucketing rows by degree alone would still leave one program per heavy row; merge-path
+splitting would need a segmented scan; fixed-length segments keep both the kernel and its
+order simple.) The schedule is built on the device without a host sync (its sizes are bounds
+computed from n and m), so it can be built inside a captured CUDA graph.
 
 Channels are the second tile axis (``BLOCK_D`` <= 128 wide, a second grid axis beyond that);
 the per-edge scalars pi = p_i . p_j, rho = ||q_i - q_j|| and G_ij are reduced over full rows
 in ``BLOCK_H``/``BLOCK_D`` pieces. Accumulation is in the tensors' dtype: float32 (the
 layer computes float16/bfloat16 inputs in float32) or float64.
 
-Convergence is decided on the device: every step kernel reads a ``done`` flag and, once it is
-set, copies its input instead of iterating; :func:`finish_step` reduces the per-program
-residual partial sums (in a fixed order, float64) into the solve's stats and sets the flag.
+The row-pass kernels also take a ``done`` flag (once it is set they copy their input instead
+of stepping) and write per-program residual partial sums of the step; the backend passes a
+clear flag and ignores the partials (the solvers keep the convergence test on the device).
 """
 import torch
 import triton
 import triton.language as tl
 
+from ..laplacian import CHI_FLOOR  # rows with chi <= CHI_FLOOR are guarded
 
-CHI_FLOOR = 1e-30  # laplacian_math.h kChiFloor: rows with chi <= CHI_FLOOR are guarded
 _CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
 
 # Where tanh switches from its odd Taylor polynomial to (1 - e) / (1 + e), e = exp(-2|x|):
@@ -126,18 +128,18 @@ def _pi_rho_tile(p_i, q_i, p_j, q_j, F64: tl.constexpr):
 
 
 @triton.jit
-def _load_items(item_row, item_start, item_len, item_slot, num_items, pid, done,
+def _load_segments(seg_row, seg_start, seg_len, seg_slot, num_segs, pid, done,
                 ROWS: tl.constexpr):
-    """The ROWS items of program `pid`: (row, first edge, length, slot, valid). Once the
+    """The ROWS segments of program `pid`: (row, first edge, length, slot, valid). Once the
     solve has converged (`done`) the lengths are 0 and the steps only copy."""
-    items = pid * ROWS + tl.arange(0, ROWS)
-    in_range = items < num_items
-    row = tl.load(item_row + items, mask=in_range, other=-1)
+    segments = pid * ROWS + tl.arange(0, ROWS)
+    in_range = segments < num_segs
+    row = tl.load(seg_row + segments, mask=in_range, other=-1)
     valid = in_range & (row >= 0)
-    start = tl.load(item_start + items, mask=valid, other=0)
-    length = tl.load(item_len + items, mask=valid, other=0)
+    start = tl.load(seg_start + segments, mask=valid, other=0)
+    length = tl.load(seg_len + segments, mask=valid, other=0)
     length = tl.where(done != 0, 0, length)
-    slot = tl.load(item_slot + items, mask=valid, other=-1)
+    slot = tl.load(seg_slot + segments, mask=valid, other=-1)
     return row, start, length, slot, valid
 
 
@@ -185,18 +187,18 @@ def _store_norms(part, index, diff_sq, out_sq):
 # ------------------------------------------------------------------ the row step --
 
 @triton.jit
-def _csr_fma_kernel(item_row, item_start, item_len, item_slot, num_items, col, w, y, b, cy,
+def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, b, cy,
                     rs, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """The generic row pass out = b + cy.y + rs.(W y) (laplacian_math.h, forward step with
     b = x, cy = -kappa ca, rs = ca, W; adjoint step u <- g + cy.u + W^T (ca.u) with the
-    transposed CSR, weights W_ij ca_i and no rs). Whole-row items finish their rows; items of
-    split rows leave (W y) partial sums in `scratch` for :func:`_csr_fma_combine_kernel`."""
+    transposed CSR, weights W_ij ca_i and no rs). Whole-row segments finish their rows; segments of
+    heavy rows leave (W y) partial sums in `scratch` for :func:`_csr_fma_combine_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     done = tl.load(done_ptr)
-    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
-                                                   num_items, pid, done, ROWS)
+    row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
+                                                   num_segs, pid, done, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
@@ -220,26 +222,26 @@ def _csr_fma_kernel(item_row, item_start, item_len, item_slot, num_items, col, w
     diff_sq, out_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, out, done, D,
                                      HAS_RS)
     _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
-    split = valid & (slot >= 0)
+    partial = valid & (slot >= 0)
     tl.store(scratch + slot.to(tl.int64)[:, None] * D + cols[None, :], acc,
-             mask=split[:, None] & cmask[None, :])
+             mask=partial[:, None] & cmask[None, :])
 
 
 @triton.jit
-def _csr_fma_combine_kernel(split_row, split_first, split_count, num_split, y, b, cy, rs, out,
+def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b, cy, rs, out,
                             scratch, part, part_offset, done_ptr, D, HAS_RS: tl.constexpr,
                             ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows longer than one item: (W y)_i = sum of the row's scratch slots in slot order,
+    """Rows longer than one segment: (W y)_i = sum of the row's scratch slots in slot order,
     then the same epilogue as :func:`_csr_fma_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     done = tl.load(done_ptr)
     rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_split
-    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    in_range = rows_here < num_heavy
+    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
     valid = in_range & (row >= 0)
-    first = tl.load(split_first + rows_here, mask=valid, other=0)
-    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
+    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
     count = tl.where(done != 0, 0, count)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -279,7 +281,7 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
 
 
 @triton.jit
-def _neural_step_kernel(item_row, item_start, item_len, item_slot, num_items, col, a, p, q,
+def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, p, q,
                         consts, chi, x, z, w_out, kappa_out, out, scratch, scratch_kappa, part,
                         done_ptr, D, H, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -295,15 +297,15 @@ def _neural_step_kernel(item_row, item_start, item_len, item_slot, num_items, co
     inv_mu = tl.load(consts)
     eps = tl.load(consts + 1)
     # The weights are needed even when the solve converged at iteration 1: no `done` here.
-    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
-                                                   num_items, pid, 0, ROWS)
+    row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
+                                                   num_segs, pid, 0, ROWS)
     row64 = row.to(tl.int64)
     first_tile = _first_tile(pid_d, ROWS)  # [ROWS] block, see _first_tile
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=p.dtype.element_ty)
     kappa = tl.zeros([ROWS], dtype=p.dtype.element_ty)
-    if NUM_H_BLOCKS == 1:  # the item rows' p_i, q_i stay in registers
+    if NUM_H_BLOCKS == 1:  # the segment rows' p_i, q_i stay in registers
         hc = tl.arange(0, BLOCK_H)
         p_i = _load_tile(p, row64, valid, hc, H)
         q_i = _load_tile(q, row64, valid, hc, H)
@@ -327,35 +329,35 @@ def _neural_step_kernel(item_row, item_start, item_len, item_slot, num_items, co
                           mask=emask[:, None] & cmask[None, :], other=0.0)
             acc += w_k[:, None] * z_j
     whole = valid & (slot < 0)
-    split = valid & (slot >= 0)
+    partial = valid & (slot >= 0)
     slot64 = slot.to(tl.int64)
     tl.store(kappa_out + row64, kappa, mask=whole & first_tile)
-    tl.store(scratch_kappa + slot64, kappa, mask=split & first_tile)
+    tl.store(scratch_kappa + slot64, kappa, mask=partial & first_tile)
     if HAS_STEP:
         done = tl.load(done_ptr)
         diff_sq, out_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi, x, z, out,
                                            done, inv_mu, D)
         _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
         tl.store(scratch + slot64[:, None] * D + cols[None, :], acc,
-                 mask=split[:, None] & cmask[None, :])
+                 mask=partial[:, None] & cmask[None, :])
 
 
 @triton.jit
-def _neural_combine_kernel(split_row, split_first, split_count, num_split, consts, chi, x, z,
+def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, consts, chi, x, z,
                            kappa_out, out, scratch, scratch_kappa, part, part_offset, done_ptr,
                            D, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
                            BLOCK_D: tl.constexpr):
-    """Rows longer than one item of the fused pass: kappa_i and (W Z)_i from the row's
+    """Rows longer than one segment of the fused pass: kappa_i and (W Z)_i from the row's
     scratch slots in slot order, then the epilogue of :func:`_neural_step_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     inv_mu = tl.load(consts)
     rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_split
-    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    in_range = rows_here < num_heavy
+    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
     valid = in_range & (row >= 0)
-    first = tl.load(split_first + rows_here, mask=valid, other=0)
-    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
+    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=x.dtype.element_ty)
@@ -407,7 +409,7 @@ def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, BLOCK_G: tl.cons
 
 
 @triton.jit
-def _weight_grad_kernel(item_row, item_start, item_len, item_slot, num_items, col, a, gw, p, q,
+def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, gw, p, q,
                         z, v, consts, grad_p, grad_q, scratch_p, scratch_q, D, H,
                         MODE: tl.constexpr, ACCUMULATE: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
@@ -417,13 +419,13 @@ def _weight_grad_kernel(item_row, item_start, item_len, item_slot, num_items, co
     G from the adjoint v and the equilibrium z (or given), the partials of
     neural_edge_weight_partials, cp = G dW/dpi and cq = G dW/drho / rho (0 at rho = 0), and
     dl/dp_i += cp p_j, dl/dq_i += cq (q_i - q_j). Each row's gradient is summed in its own
-    items (ACCUMULATE adds to what an earlier pass wrote: the transposed half of a directed
+    segments (ACCUMULATE adds to what an earlier pass wrote: the transposed half of a directed
     graph). The output tile is channels [pid_1 BLOCK_H, +BLOCK_H) of p and q."""
     pid = tl.program_id(0)
     pid_h = tl.program_id(1)
     eps = tl.load(consts + 1)
-    row, start, length, slot, valid = _load_items(item_row, item_start, item_len, item_slot,
-                                                   num_items, pid, 0, ROWS)
+    row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
+                                                   num_segs, pid, 0, ROWS)
     row64 = row.to(tl.int64)
     hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = hc < H
@@ -488,26 +490,26 @@ def _weight_grad_kernel(item_row, item_start, item_len, item_slot, num_items, co
         gq += tl.load(grad_q + off, mask=m_whole, other=0.0)
     tl.store(grad_p + off, acc_p, mask=m_whole)
     tl.store(grad_q + off, gq, mask=m_whole)
-    split = valid & (slot >= 0)
-    m_split = split[:, None] & hmask[None, :]
+    partial = valid & (slot >= 0)
+    m_partial = partial[:, None] & hmask[None, :]
     s_off = slot.to(tl.int64)[:, None] * H + hc[None, :]
-    tl.store(scratch_p + s_off, acc_p, mask=m_split)
-    tl.store(scratch_q + s_off, gq, mask=m_split)
+    tl.store(scratch_p + s_off, acc_p, mask=m_partial)
+    tl.store(scratch_q + s_off, gq, mask=m_partial)
 
 
 @triton.jit
-def _weight_grad_combine_kernel(split_row, split_first, split_count, num_split, grad_p, grad_q,
+def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, grad_p, grad_q,
                                 scratch_p, scratch_q, H, ACCUMULATE: tl.constexpr,
                                 ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rows longer than one item of the gradient pass: their slots summed in slot order."""
+    """Rows longer than one segment of the gradient pass: their slots summed in slot order."""
     pid = tl.program_id(0)
     pid_h = tl.program_id(1)
     rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_split
-    row = tl.load(split_row + rows_here, mask=in_range, other=-1)
+    in_range = rows_here < num_heavy
+    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
     valid = in_range & (row >= 0)
-    first = tl.load(split_first + rows_here, mask=valid, other=0)
-    count = tl.load(split_count + rows_here, mask=valid, other=0)
+    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
+    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
     hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = hc < H
     acc_p = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
@@ -528,32 +530,6 @@ def _weight_grad_combine_kernel(split_row, split_first, split_count, num_split, 
 
 # ------------------------------------------------------------- convergence on device --
 
-@triton.jit
-def _finish_step_kernel(part, num_parts, stats, done_ptr, tol_sq_ptr, BLOCK: tl.constexpr):
-    """After a step: ||out - y||^2 and ||out||^2 summed over the programs' partials in a fixed
-    order (float64); unless the solve had converged, stats = [iterations + 1, residual,
-    relative residual] and done = (residual <= tol ||out||_F)."""
-    offs = tl.arange(0, BLOCK)
-    diff_acc = tl.zeros([BLOCK], dtype=tl.float64)
-    out_acc = tl.zeros([BLOCK], dtype=tl.float64)
-    for s in range(0, num_parts, BLOCK):
-        m = s + offs < num_parts
-        diff_acc += tl.load(part + 2 * (s + offs), mask=m, other=0.0)
-        out_acc += tl.load(part + 2 * (s + offs) + 1, mask=m, other=0.0)
-    diff_sq = tl.sum(diff_acc, axis=0)
-    out_sq = tl.sum(out_acc, axis=0)
-    done = tl.load(done_ptr)
-    running = done == 0
-    res = tl.sqrt(diff_sq)
-    rel = tl.where(out_sq > 0, res / tl.sqrt(tl.where(out_sq > 0, out_sq, 1.0)), 0.0)
-    iters = tl.load(stats)
-    tl.store(stats, iters + 1.0, mask=running)
-    tl.store(stats + 1, res, mask=running)
-    tl.store(stats + 2, rel, mask=running)
-    converged = diff_sq <= tl.load(tol_sq_ptr) * out_sq
-    tl.store(done_ptr, converged.to(tl.int32), mask=running)
-
-
 # ---------------------------------------------------------------------- launchers --
 # All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
 
@@ -565,20 +541,19 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
     rows = max(4, min(64, 2048 // block_d))
     warps = _warps(rows, block_d)
     tiles_d = triton.cdiv(d, block_d)
-    grid = (triton.cdiv(sched.num_items, rows), tiles_d)
-    grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
-    num_parts = (grid[0] + (grid_c[0] if sched.num_split else 0)) * tiles_d
+    grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
+    grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
+    num_parts = (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d
     if part is None or part.numel() != 2 * num_parts:
         part = y.new_empty(2 * num_parts, dtype=torch.float64)
     scratch = y.new_empty(max(sched.num_slots, 1), d)
     has_rs = rs is not None
     rs_arg = rs if has_rs else cy
-    _csr_fma_kernel[grid](sched.item_row, sched.item_start, sched.item_len, sched.item_slot,
-                          sched.num_items, col, w, y, b, cy, rs_arg, out, scratch, part, done,
+    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b, cy, rs_arg, out, scratch, part, done,
                           d, HAS_RS=has_rs, ROWS=rows, BLOCK_D=block_d, num_warps=warps)
-    if sched.num_split:
-        _csr_fma_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
-                                        sched.num_split, y, b, cy, rs_arg, out, scratch, part,
+    if sched.num_heavy:
+        _csr_fma_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
+                                        sched.num_heavy, y, b, cy, rs_arg, out, scratch, part,
                                         grid[0] * tiles_d, done, d, HAS_RS=has_rs, ROWS=rows,
                                         BLOCK_D=block_d, num_warps=warps)
     return part
@@ -595,25 +570,24 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
     rows = 16
     warps = _warps(rows, max(block_d, block_h))
     tiles_d = triton.cdiv(d, block_d) if has_step else 1
-    grid = (triton.cdiv(sched.num_items, rows), tiles_d)
-    grid_c = (triton.cdiv(sched.num_split, rows), tiles_d)
-    part = p.new_empty(2 * (grid[0] + (grid_c[0] if sched.num_split else 0)) * tiles_d,
+    grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
+    grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
+    part = p.new_empty(2 * (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d,
                        dtype=torch.float64)
     scratch = p.new_empty(max(sched.num_slots, 1), d if has_step else 1)
     scratch_kappa = p.new_empty(max(sched.num_slots, 1))
     if not has_step:  # placeholders the kernel never touches
         x = z = out = chi
         done = part
-    _neural_step_kernel[grid](sched.item_row, sched.item_start, sched.item_len,
-                              sched.item_slot, sched.num_items, col, a, p, q, consts, chi, x, z,
+    _neural_step_kernel[grid](*sched.segment_args(), col, a, p, q, consts, chi, x, z,
                               w_out, kappa_out, out, scratch, scratch_kappa, part, done, d, h,
                               HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d, BLOCK_H=block_h,
                               NUM_H_BLOCKS=triton.cdiv(h, block_h),
                               TANH_SMALL=_TANH_SMALL[p.dtype],
                               F64=p.dtype == torch.float64, num_warps=warps)
-    if sched.num_split:
-        _neural_combine_kernel[grid_c](sched.split_row, sched.split_first, sched.split_count,
-                                       sched.num_split, consts, chi, x, z, kappa_out, out,
+    if sched.num_heavy:
+        _neural_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
+                                       sched.num_heavy, consts, chi, x, z, kappa_out, out,
                                        scratch, scratch_kappa, part, grid[0] * tiles_d, done, d,
                                        HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d,
                                        num_warps=_warps(rows, block_d))
@@ -631,33 +605,26 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
     rows = 16
     warps = _warps(rows, max(block_h, block_g))
     tiles_h = triton.cdiv(h, block_h)
-    grid = (triton.cdiv(sched.num_items, rows), tiles_h)
+    grid = (triton.cdiv(sched.num_segments, rows), tiles_h)
     scratch_p = p.new_empty(max(sched.num_slots, 1), h)
     scratch_q = p.new_empty(max(sched.num_slots, 1), h)
     z_arg = z if z is not None else p
     v_arg = v if v is not None else p
     gw_arg = gw if gw is not None else a
-    _weight_grad_kernel[grid](sched.item_row, sched.item_start, sched.item_len, sched.item_slot,
-                              sched.num_items, col, a, gw_arg, p, q, z_arg, v_arg, consts,
+    _weight_grad_kernel[grid](*sched.segment_args(), col, a, gw_arg, p, q, z_arg, v_arg, consts,
                               grad_p, grad_q, scratch_p, scratch_q, d, h, MODE=mode,
                               ACCUMULATE=accumulate, ROWS=rows, BLOCK_H=block_h,
                               NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
                               NUM_G_BLOCKS=triton.cdiv(d, block_g),
                               TANH_SMALL=_TANH_SMALL[p.dtype],
                               F64=p.dtype == torch.float64, num_warps=warps)
-    if sched.num_split:
-        grid_c = (triton.cdiv(sched.num_split, rows), tiles_h)
-        _weight_grad_combine_kernel[grid_c](sched.split_row, sched.split_first,
-                                            sched.split_count, sched.num_split, grad_p, grad_q,
+    if sched.num_heavy:
+        grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_h)
+        _weight_grad_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first,
+                                            sched.heavy_count, sched.num_heavy, grad_p, grad_q,
                                             scratch_p, scratch_q, h, ACCUMULATE=accumulate,
                                             ROWS=rows, BLOCK_H=block_h,
                                             num_warps=_warps(rows, block_h))
-
-
-def finish_step(part, stats, done, tol_sq):
-    """Folds a step's residual partials into the solve's stats and done flag (on device)."""
-    _finish_step_kernel[(1,)](part, part.numel() // 2, stats, done, tol_sq, BLOCK=1024,
-                              num_warps=4)
 
 
 # True when the kernels above were defined under TRITON_INTERPRET=1: they then run on CPU

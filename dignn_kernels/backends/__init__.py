@@ -1,0 +1,63 @@
+"""The backends: one module each, holding only its passes and their registration, behind the
+pass interface of :mod:`dignn_kernels.backends.interface`.
+
+- ``"cpu"``, ``"cuda"``: :mod:`~dignn_kernels.backends.compiled` (the ``torch.ops.dignn``
+  operators, with a fused C++ solve);
+- ``"triton"``: :mod:`~dignn_kernels.backends.triton` (Triton kernels, on CUDA; on the CPU
+  only in the Triton interpreter);
+- ``"torch"``: :mod:`~dignn_kernels.backends.pytorch` (plain PyTorch, any device).
+
+:data:`BACKENDS` is the one list of names; :func:`get_backend` returns a backend's record and
+:func:`available_backends` those that run on a device, in the order ``backend="auto"`` tries
+them. Adding a backend: a module that builds a :class:`Backend` and one entry in
+:data:`_REGISTRY` below.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import compiled, pytorch, triton
+from .interface import Backend, FusedSolve
+
+__all__ = ["Backend", "FusedSolve", "BACKENDS", "get_backend", "available_backends",
+           "TRITON_MIN_ENTRIES"]
+
+_REGISTRY: Dict[str, Backend] = {b.name: b for b in (compiled.CPU, compiled.CUDA,
+                                                      triton.TRITON, pytorch.TORCH)}
+BACKENDS: Tuple[str, ...] = tuple(_REGISTRY)
+
+# On a CUDA device with both GPU backends built, ``"auto"`` takes Triton from this many CSR
+# entries on and the CUDA kernels below. Measured on an H100 (bench/results/gpu_h100_2026-11-23/
+# bench_gpu_speed_summary.txt, one training step, h = 64, 10 + 10 sweeps): cornell5 (1.58M
+# entries) cuda 4.83 ms, triton 5.03 ms; the Penn94-shaped graph (2.72M) cuda 7.42, triton
+# 6.23; its heavy-row variant 7.50 against 7.13; a uniform graph of that size 5.57 against
+# 5.31. Below cornell5's size no Triton step was timed; there the launches dominate, and the
+# CUDA backend launches from C++ (bench/gpu_session.sh times both on the real datasets).
+TRITON_MIN_ENTRIES = 2_000_000
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name`` (one of :data:`BACKENDS`)."""
+    backend = _REGISTRY.get(name)
+    if backend is None:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    return backend
+
+
+def available_backends(device: torch.device, num_entries: Optional[int] = None
+                       ) -> Tuple[str, ...]:
+    """The backends that can run on ``device``, the one ``"auto"`` picks first: the compiled
+    one of the device, then (on a GPU) Triton, before it for graphs of at least
+    :data:`TRITON_MIN_ENTRIES` CSR entries (``num_entries``; None counts as small), then the
+    plain-PyTorch fallback. Triton runs on the CPU only in its (slow) interpreter, last."""
+    device = torch.device(device)
+    found = [name for name in ("cpu", "cuda", "triton", "torch")
+             if _REGISTRY[name].available(device)]
+    if "triton" in found:
+        found.remove("triton")
+        if device.type == "cuda":
+            large = num_entries is not None and num_entries >= TRITON_MIN_ENTRIES
+            found.insert(0 if large else len(found) - 1, "triton")
+        else:
+            found.append("triton")
+    return tuple(found)

@@ -1,0 +1,36 @@
+"""The compiled backends ``"cpu"`` and ``"cuda"``: the ``torch.ops.dignn`` operators (C++ with
+OpenMP on the CPU, CUDA kernels on the GPU; csrc/). The dispatcher picks the kernel from the
+tensors' device, so both backends share the same passes; they differ in where they run.
+
+Both keep a fused solve (:class:`~dignn_kernels.backends.interface.FusedSolve`): the C++ loop of
+``dignn::implicit_diffusion`` and ``dignn::implicit_diffusion_backward`` (one loop for both
+devices, csrc/ops/), which fuses the edge weights into the first sweep and runs every sweep
+without returning to Python. On the CPU it is faster than the solvers' loop over the passes
+(bench/test_cpu_speed.py measures the layer on it); on a GPU it launches from C++ and keeps
+the convergence test on the device.
+"""
+import torch
+
+from .interface import Backend, FusedSolve
+
+__all__ = ["CPU", "CUDA"]
+
+_ops = torch.ops.dignn
+
+
+def _cuda_built() -> bool:
+    from .. import _build_info
+    return bool(_build_info.WITH_CUDA)
+
+
+_FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward)
+
+CPU = Backend(name="cpu", available=lambda device: device.type == "cpu",
+              neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
+              gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED)
+
+CUDA = Backend(name="cuda",
+               available=lambda device: device.type == "cuda" and _cuda_built()
+               and torch.cuda.is_available(),
+               neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
+               gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED)

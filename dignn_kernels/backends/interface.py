@@ -1,0 +1,77 @@
+"""The pass interface: what a backend provides so that the solvers run on it.
+
+A backend is a :class:`Backend` record of three passes and an availability test, plus an
+optional fused solve:
+
+- ``neural_edge_weights(rowptr, col, a, p, q, eps) -> (w, kappa)``: the neural edge weights
+  W_ij = a_ij tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and their row sums
+  kappa_i = sum_j W_ij, in one sweep over the edges;
+- ``row_pass(rowptr, col, w, y, b, cy, rs) -> b + cy.y + rs.(W y)``: the CSR sweep under
+  every iteration of every solver (per-row ``cy``, ``rs``);
+- ``gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm) -> (dl/dp, dl/dq)``
+  with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
+  ``t_*`` describe W^T for directed graphs (None on symmetric ones);
+- ``fused_solve`` (optional): a whole fixed-point solve in the backend's own loop, forward
+  (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, mu, eps,
+  max_iter, tol) -> (z, w, kappa, stats)``) and adjoint (``backward(rowptr, col, edge_value,
+  w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z, grad_z, mu, eps, max_iter, tol) ->
+  (grad_x, grad_chi, grad_p, grad_q, stats)``), with the semantics of
+  :func:`dignn_kernels.solvers.fixed_point`. Only where it is measured faster than the
+  solvers' loop over the passes: the compiled backends keep theirs (one C++ loop, no Python
+  per sweep; see :mod:`dignn_kernels.backends.compiled`).
+
+The passes are raw: no autograd, no graph-data check. The solvers call them below the one
+autograd registration of the solve (:mod:`dignn_kernels.solvers.op`), and the graph is
+checked once at the entry (:func:`dignn_kernels.ops.check_graph_data`). Shapes, dtypes and
+devices are still checked by each pass, with the messages of ``csrc/ops/checks.h``.
+
+Why a record of functions rather than one dispatcher op per pass with a kernel per dispatch
+key, as pyg-lib and PyTorch's extension-cpp register theirs: two of the four backends
+("triton" and "torch") run on the same dispatch key (CUDA) as a third, so the dispatcher
+cannot choose between them; the choice is the caller's (``backend=``). Each pass of the
+compiled backends is still one dispatcher op with CPU and CUDA kernels (csrc/ops/schemas.cpp),
+exactly the pyg-lib layout, and the Triton passes are ``torch.library`` custom ops with fake
+kernels like extension-cpp's, so every backend stays traceable by ``torch.compile``.
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "GradientPass"]
+
+
+class NeuralEdgeWeights(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
+                 eps: float) -> Tuple[Tensor, Tensor]: ...
+
+
+class RowPass(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor,
+                 cy: Tensor, rs: Tensor) -> Tensor: ...
+
+
+class GradientPass(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
+                 z: Tensor, v: Tensor, eps: float, t_rowptr: Optional[Tensor],
+                 t_col: Optional[Tensor], t_perm: Optional[Tensor]
+                 ) -> Tuple[Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class FusedSolve:
+    """A backend's own fixed-point loop (see the module docstring for the signatures)."""
+    forward: Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]]
+    backward: Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: its name, where it runs, its passes and its optional fused solve."""
+    name: str
+    available: Callable[[torch.device], bool]
+    neural_edge_weights: NeuralEdgeWeights
+    row_pass: RowPass
+    gradient_pass: GradientPass
+    fused_solve: Optional[FusedSolve] = None

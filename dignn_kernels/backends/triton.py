@@ -1,0 +1,372 @@
+"""The ``triton`` backend: the passes as Triton kernels (:mod:`._triton_jit`, math of
+``csrc/dignn/laplacian_math.h``), registered as ``torch.library`` custom ops in namespace
+``torch.ops.dignn_triton`` with fake kernels, so ``torch.compile`` traces them:
+
+- ``neural_edge_weights`` (differentiable in p and q) and its backward;
+- ``csr_fma``, the row pass;
+- ``neural_weight_grad``, the gradient pass.
+
+The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
+loop of its own. Each op checks shapes, dtypes and devices with the shared checks of
+:mod:`dignn_kernels.checks` (for direct callers of ``torch.ops.dignn_triton``); the graph's
+data are checked once at the op boundary (:mod:`dignn_kernels.ops`, the solve entry).
+
+Triton runs on CUDA tensors; on CPU tensors only under the Triton interpreter
+(``TRITON_INTERPRET=1`` in the environment before this module first launches a kernel), which
+is how the test suite exercises every kernel on machines without a GPU. :func:`available`
+says whether the backend can run on a device.
+"""
+import importlib
+import importlib.util
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..checks import (check_edge_values, check_features, check_projections, check_transposed,
+                      check_values)
+from .interface import Backend
+from .registration import register_edge_weights_autograd
+from .schedule import TRITON_SEGMENT_EDGES
+
+__all__ = ["TRITON", "available", "interpreted", "build_schedule", "schedule_for",
+           "SEGMENT_EDGES"]
+
+# Edges per segment (see .schedule); read when a schedule is built, so a test may lower it to
+# exercise heavy rows on small graphs.
+SEGMENT_EDGES = TRITON_SEGMENT_EDGES
+
+_TRUTHY = ("1", "true", "on", "yes", "y")
+
+
+# ---------------------------------------------------------------- availability --
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _jit():
+    """The kernel module, imported (and its kernels defined) on first use."""
+    try:
+        jit = importlib.import_module(f"{__package__}._triton_jit")
+    except ImportError as err:
+        raise RuntimeError(f"the triton backend needs the `triton` package ({err}); install it "
+                           f"(`pip install triton`) or use backend='cuda', 'cpu' or 'torch'"
+                           ) from None
+    return jit
+
+
+def interpreted() -> bool:
+    """Whether the kernels run in the Triton interpreter (TRITON_INTERPRET=1 when they were
+    defined; before that, whether it is set now)."""
+    mod = sys.modules.get(__package__ + "._triton_jit")
+    if mod is not None:
+        return mod.INTERPRETED
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUTHY
+
+
+def available(device=None) -> bool:
+    """True when the Triton kernels can run on ``device`` (default: the current CUDA device):
+    on CUDA when a GPU and the ``triton`` package are present, on the CPU only under the
+    Triton interpreter (TRITON_INTERPRET=1)."""
+    device = torch.device("cuda" if device is None else device)
+    if not _triton_installed():
+        return False
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    if device.type == "cpu":
+        return interpreted()
+    return False
+
+
+def _require_device(t: Tensor) -> None:
+    if t.device.type == "cuda":
+        if torch.cuda.is_available():
+            return
+    elif t.device.type == "cpu" and interpreted():
+        return
+    raise RuntimeError(
+        f"the triton backend cannot run on {t.device}: Triton kernels run on CUDA tensors, and "
+        f"on CPU tensors only in the Triton interpreter (set TRITON_INTERPRET=1 before the "
+        f"kernels are first used). Use backend='cpu' or 'torch' on this device.")
+
+
+def _checked_graph(rowptr: Tensor, col: Tensor, values: Tensor, values_name: str) -> int:
+    """The shared CSR checks, then the device check; returns the number of nodes."""
+    n = check_edge_values(rowptr, col, values, values_name)
+    _require_device(rowptr)
+    return n
+
+
+# -------------------------------------------------------------------- schedules --
+
+@dataclass
+class Schedule:
+    """The segments of one CSR (see _triton_jit), sorted by length, longest first, and its
+    heavy rows with their scratch slots. Sizes are bounds known from n and m, so building it
+    needs no host sync; padding segments and padding heavy-row entries have row -1."""
+    segment_row: Tensor  # int64 [num_segments], -1 = padding
+    segment_start: Tensor  # int64 [num_segments], first edge
+    segment_len: Tensor  # int32 [num_segments], <= segment_edges
+    segment_slot: Tensor  # int64 [num_segments], scratch slot, -1: the segment is the row
+    num_segments: int
+    heavy_row: Tensor  # int64 [num_heavy], -1 = padding
+    heavy_first: Tensor  # int64 [num_heavy], the row's first slot
+    heavy_count: Tensor  # int64 [num_heavy], the row's number of slots
+    num_heavy: int
+    num_slots: int
+
+    def segment_args(self) -> tuple:
+        """The segment arrays and count, in the order the kernels take them."""
+        return (self.segment_row, self.segment_start, self.segment_len, self.segment_slot,
+                self.num_segments)
+
+
+def build_schedule(rowptr: Tensor, num_edges: int, length: int) -> Schedule:
+    """Cuts every row into segments of at most ``length`` edges (one segment for an empty
+    row) and sorts them by length, with device ops only."""
+    n = rowptr.numel() - 1
+    dev = rowptr.device
+    deg = rowptr[1:] - rowptr[:-1]
+    pieces = torch.clamp_min(torch.div(deg + (length - 1), length, rounding_mode="floor"), 1)
+    # sum_i max(1, ceil(deg_i / length)) <= n + ceil(m / length): the padded count.
+    num_segments = n + -(-num_edges // length)
+    total = pieces.sum()
+    first = torch.cumsum(pieces, 0) - pieces
+    reps = torch.cat([pieces, (num_segments - total).reshape(1)])
+    owner = torch.repeat_interleave(torch.arange(n + 1, device=dev), reps,
+                                    output_size=num_segments)
+    piece = torch.arange(num_segments, device=dev) - torch.cat([first, total.reshape(1)])[owner]
+    zero = deg.new_zeros(1)
+    segment_start = rowptr[owner] + piece * length
+    segment_len = (torch.cat([deg, zero])[owner] - piece * length).clamp(0, length)
+    split = pieces > 1
+    split_pieces = torch.where(split, pieces, 0)
+    slot_base = torch.cumsum(split_pieces, 0) - split_pieces
+    segment_slot = torch.where(torch.cat([split, split.new_zeros(1)])[owner],
+                            torch.cat([slot_base, zero])[owner] + piece, -1)
+    segment_row = torch.where(owner < n, owner, -1)
+    order = torch.argsort(segment_len, descending=True, stable=True)
+    # at most m / (length + 1) rows have more than length edges; their slots number at most
+    # sum (deg + length - 1) / length <= ceil(m / length) + that count
+    num_heavy = min(n, num_edges // (length + 1))
+    if num_heavy:
+        by_split = torch.argsort(split.to(torch.int8), descending=True, stable=True)[:num_heavy]
+        is_split = split[by_split]
+        heavy_row = torch.where(is_split, by_split, -1)
+        heavy_first = slot_base[by_split]
+        heavy_count = torch.where(is_split, pieces[by_split], 0)
+    else:
+        heavy_row = heavy_first = heavy_count = deg.new_zeros(0)
+    return Schedule(segment_row=segment_row[order].contiguous(),
+                    segment_start=segment_start[order].contiguous(),
+                    segment_len=segment_len[order].to(torch.int32).contiguous(),
+                    segment_slot=segment_slot[order].contiguous(), num_segments=num_segments,
+                    heavy_row=heavy_row.contiguous(), heavy_first=heavy_first.contiguous(),
+                    heavy_count=heavy_count.contiguous(), num_heavy=num_heavy,
+                    num_slots=-(-num_edges // length) + num_heavy)
+
+
+def _capturing(t: Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+# Schedules of the CSR structures seen recently, keyed by the rowptr tensor (its identity and
+# version): the layer's cached graphs keep theirs alive, so a static graph is scheduled once.
+_SCHEDULES: "dict[tuple, tuple]" = {}
+
+
+def schedule_for(rowptr: Tensor, num_edges: int) -> Schedule:
+    segment_edges = int(SEGMENT_EDGES)
+    if segment_edges < 1:
+        raise RuntimeError(f"SEGMENT_EDGES must be >= 1, got {segment_edges}")
+    key = (id(rowptr), segment_edges)
+    entry = _SCHEDULES.get(key)
+    if entry is not None:
+        ref, version, m, sched = entry
+        if ref() is rowptr and version == rowptr._version and m == num_edges:
+            return sched
+        del _SCHEDULES[key]
+    sched = build_schedule(rowptr, num_edges, segment_edges)
+    # Tensors made while a CUDA graph is captured hold values only during its replays.
+    if not _capturing(rowptr):
+        try:
+            ref = weakref.ref(rowptr, lambda _, k=key: _SCHEDULES.pop(k, None))
+        except TypeError:
+            return sched
+        _SCHEDULES[key] = (ref, rowptr._version, num_edges, sched)
+    return sched
+
+
+_CONSTS: "dict[tuple, Tensor]" = {}
+
+
+def _consts(values: Tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small device tensor of scalars for the kernels (Triton passes Python floats as
+    float32; these keep float64 exact). Filled on the device, so it is safe to make while a
+    CUDA graph is captured (and then not cached)."""
+    key = (values, dtype, device)
+    t = _CONSTS.get(key)
+    if t is None:
+        t = torch.empty(len(values), dtype=dtype, device=device)
+        for i, v in enumerate(values):
+            t[i].fill_(v)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_CONSTS) > 64:
+                _CONSTS.clear()
+            _CONSTS[key] = t
+    return t
+
+
+def _flag(device: torch.device, value: int = 0) -> Tensor:
+    return torch.full((1,), value, dtype=torch.int32, device=device)
+
+
+# ------------------------------------------------------------------ custom ops --
+# Each op: the implementation (checks, then launches), then its fake kernel.
+
+_LIB = "dignn_triton"
+
+
+@torch.library.custom_op(f"{_LIB}::neural_edge_weights", mutates_args=())
+def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
+                         eps: float) -> Tuple[Tensor, Tensor]:
+    n = _checked_graph(rowptr, col, a, "a")
+    check_projections(p, q, p, n, rowptr)
+    check_values(a, "a", [col.numel()], p, rowptr)
+    if not eps > 0.0:
+        raise RuntimeError(f"eps must be > 0, got {eps}")
+    w = p.new_empty(col.numel())
+    kappa = p.new_empty(n)
+    if n:
+        _jit().neural_step(schedule_for(rowptr, col.numel()), col.contiguous(), a.contiguous(),
+                           p.contiguous(), q.contiguous(), _consts((1.0, eps), p.dtype,
+                                                                   p.device),
+                           p.new_zeros(n), None, None, w, kappa, None, None)
+    return w, kappa
+
+
+@_neural_edge_weights.register_fake
+def _(rowptr, col, a, p, q, eps):
+    return p.new_empty(col.shape[0]), p.new_empty(rowptr.shape[0] - 1)
+
+
+def _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
+    jit = _jit()
+    n, h = p.shape
+    grad_p = torch.empty_like(p, memory_format=torch.contiguous_format)
+    grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if n == 0:
+        return grad_p, grad_q
+    consts = _consts((1.0, eps), p.dtype, p.device)
+    pc, qc, ac, gw = p.contiguous(), q.contiguous(), a.contiguous(), grad_w.contiguous()
+    jit.weight_grad(schedule_for(rowptr, col.numel()), col.contiguous(), ac, pc, qc, consts,
+                    grad_p, grad_q, jit.GRAD_GIVEN, False, gw=gw)
+    jit.weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(), ac[t_perm], pc,
+                    qc, consts, grad_p, grad_q, jit.GRAD_GIVEN, True, gw=gw[t_perm])
+    return grad_p, grad_q
+
+
+@torch.library.custom_op(f"{_LIB}::neural_edge_weights_backward", mutates_args=())
+def _neural_edge_weights_backward(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
+                                  eps: float, grad_w: Tensor, t_rowptr: Tensor, t_col: Tensor,
+                                  t_perm: Tensor) -> Tuple[Tensor, Tensor]:
+    n = _checked_graph(rowptr, col, a, "a")
+    check_projections(p, q, p, n, rowptr)
+    check_values(grad_w, "grad_w", [col.numel()], p, rowptr)
+    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    return _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
+                                       t_perm)
+
+
+@_neural_edge_weights_backward.register_fake
+def _(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
+    return torch.empty_like(p), torch.empty_like(q)
+
+
+register_edge_weights_autograd(f"{_LIB}::neural_edge_weights",
+                               _neural_edge_weights_backward)
+
+
+def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
+    out = torch.empty_like(y, memory_format=torch.contiguous_format)
+    if y.shape[0]:
+        _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
+                       y.contiguous(), b.contiguous(), cy.contiguous(),
+                       rs.contiguous() if rs is not None else None, out, _flag(y.device))
+    return out
+
+
+@torch.library.custom_op(f"{_LIB}::csr_fma", mutates_args=())
+def _csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
+             rs: Tensor) -> Tensor:
+    n = _checked_graph(rowptr, col, w, "w")
+    check_features(y, "y", n, rowptr)
+    check_values(b, "b", y.shape, y, rowptr)
+    check_values(w, "w", [col.numel()], y, rowptr)
+    check_values(cy, "cy", [n], y, rowptr)
+    check_values(rs, "rs", [n], y, rowptr)
+    return _fma(rowptr, col, w, y, b, cy, rs)
+
+
+@_csr_fma.register_fake
+def _(rowptr, col, w, y, b, cy, rs):
+    return torch.empty_like(y)
+
+
+def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
+    """dl/dp, dl/dq with G_ij = v_i . (z_j - z_i): one pass over the rows on a symmetric
+    graph (transposed None), else the CSR's pass and the transposed CSR's pass, added."""
+    jit = _jit()
+    grad_p = torch.empty_like(p, memory_format=torch.contiguous_format)
+    grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if p.shape[0] == 0:
+        return grad_p, grad_q
+    consts = _consts((1.0, eps), p.dtype, p.device)
+    ac, pc, qc, zc, vc = (t.contiguous() for t in (a, p, q, z, v))
+    sched = schedule_for(rowptr, col.numel())
+    if transposed is None:
+        jit.weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
+                        jit.GRAD_SYMMETRIC, False, z=zc, v=vc)
+    else:
+        t_rowptr, t_col, t_perm = transposed
+        jit.weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
+                        jit.GRAD_OUT, False, z=zc, v=vc)
+        jit.weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(), ac[t_perm],
+                        pc, qc, consts, grad_p, grad_q, jit.GRAD_IN, True, z=zc, v=vc)
+    return grad_p, grad_q
+
+
+@torch.library.custom_op(f"{_LIB}::neural_weight_grad", mutates_args=())
+def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor, z: Tensor,
+                        v: Tensor, eps: float, t_rowptr: Optional[Tensor] = None,
+                        t_col: Optional[Tensor] = None,
+                        t_perm: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    n = _checked_graph(rowptr, col, a, "a")
+    check_features(z, "z", n, rowptr)
+    check_values(v, "v", z.shape, z, rowptr)
+    check_projections(p, q, z, n, rowptr)
+    check_values(a, "a", [col.numel()], z, rowptr)
+    directed = check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    return _weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
+                             (t_rowptr, t_col, t_perm) if directed else None)
+
+
+@_neural_weight_grad.register_fake
+def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
+    return torch.empty_like(p), torch.empty_like(q)
+
+
+def _gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
+    return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
+
+
+_ops = torch.ops.dignn_triton
+
+TRITON = Backend(name="triton", available=available,
+                 neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
+                 gradient_pass=_gradient_pass)

@@ -1,0 +1,436 @@
+r"""The solvers of the implicit layer, written once over the pass interface: every sweep is a
+row pass of :class:`~dignn_kernels.solvers.system.EquilibriumSystem`, so every backend runs
+them.
+
+The layer's equilibrium (paper eq. 10) is Z = X - (1/mu) Delta Z with Delta = C^-1 L,
+C = diag(chi), L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Three solvers:
+
+``fixed_point``
+    The paper's iteration (eq. iter), Z <- X + cy.Z + ca.(W Z), with its stopping test
+    ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F. It converges only when
+    mu > lambda_max(Delta) (corollary 4.3), at rate lambda_max / mu.
+``cg``
+    When W is symmetric (an undirected graph with symmetric edge values) L is symmetric
+    positive semi-definite, and multiplying the equilibrium by C gives
+    ``(C + L/mu) Z = C X``: a symmetric positive definite system for *every* mu > 0. It is
+    solved by Jacobi-preconditioned conjugate gradient, one system per channel, all channels
+    in the same CSR pass. The adjoint system (I + Delta^T/mu) u = g of the backward is the same
+    matrix: ``(C + L/mu) v = g``, ``u = C v``. With the Jacobi preconditioner
+    diag(C + L/mu) the preconditioned matrix of the rw Laplacian is I + Delta/mu, whose
+    condition number 1 + lambda_max/mu stays small for every mu.
+``anderson``
+    Anderson acceleration (type II, a window of the last few iterates, least squares solved
+    per channel on the device) of the fixed-point map, forward and adjoint. It needs no
+    symmetry, so it is the fallback for directed graphs.
+
+Guard rows (chi_i <= 1e-30, see laplacian_math.h) keep z_i = x_i in every solver. In the SPD
+form such a row is the identity (its C_ii is taken as 1 and its row of L/mu is dropped); for
+the neural Laplacian chi_i = 0 forces W_i. = 0 and, on a symmetric graph, W_.i = 0, so the
+matrix stays symmetric.
+
+Every loop keeps its residual norms, its convergence flag and its counters on the device and
+reads them on the host only every ``check_every`` sweeps (0: never, a fixed ``max_iter``
+sweeps); once converged, later sweeps leave the iterate unchanged, so the result does not
+depend on ``check_every``. That is what lets a solve run under CUDA graph capture.
+
+The residuals of cg and anderson are of the equation itself, ``||X - Z - Delta Z / mu||_F``
+(forward) and ``||g - u - Delta^T u / mu||_F`` (adjoint), relative to ``||X||_F`` and
+``||g||_F``.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..laplacian import node_mass
+from .system import EquilibriumSystem
+
+__all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult", "fixed_point",
+           "conjugate_gradient", "anderson", "solve_forward", "solve_adjoint",
+           "default_check_every", "check_every_arg", "fixed_point_diverged"]
+
+SOLVERS = ("fixed_point", "cg", "anderson")
+ANDERSON_WINDOW = 5
+# Margin of the fixed-point divergence certificate (see fixed_point_diverged), on squared
+# norms: rounding only, on symmetric graphs; a heuristic bound on directed ones.
+_CERTIFICATE_SYMMETRIC = 1.0 + 1e-3
+_CERTIFICATE_DIRECTED = 100.0
+
+
+class DivergenceWarning(RuntimeWarning):
+    """A solve diverged or produced non-finite values: its output is not the equilibrium."""
+
+
+@dataclass
+class SolveResult:
+    """What a solver returns; every tensor stays on the solve's device.
+
+    ``history[k]`` is the relative residual of the iterate that k CSR sweeps produced (NaN
+    where unknown or past the end; fixed point: of the sweep k + 1, ||Z_{k+2} - Z_{k+1}|| over
+    ||Z_{k+2}||); ``sweeps`` counts the sweeps done before convergence; ``residual`` and
+    ``relative`` describe the returned solution (fixed point: the last difference
+    ||Z_K - Z_{K-1}|| and that over ||Z_K||, the paper's stopping test);
+    ``diverged`` flags a fixed point that broke its divergence certificate or a non-finite
+    residual."""
+
+    solution: Tensor
+    history: Tensor
+    sweeps: Tensor
+    residual: Tensor
+    relative: Tensor
+    diverged: Tensor
+
+    counts_start: bool = False  # fixed point: Z_1 = X is iteration 1 (the paper's count)
+
+    def stats(self) -> Tensor:
+        """[iterations, residual, relative residual, diverged] as float64: iterations are
+        the sweeps, plus 1 for the fixed point, whose first iterate Z_1 = X costs none."""
+        return torch.stack([self.sweeps.double() + float(self.counts_start),
+                            self.residual.double(), self.relative.double(),
+                            self.diverged.double()])
+
+
+def default_check_every(device: torch.device, solver: str = "cg") -> int:
+    """Host checks of the convergence flag: every sweep on the CPU (free there); on an
+    accelerator every 16 fixed-point sweeps (a solve of the layer's default 10 iterations never
+    waits for the device) and every 4 sweeps of cg or anderson (which converge in fewer);
+    never while a CUDA graph is being captured."""
+    if device.type == "cpu":
+        return 1
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return 0
+    return 16 if solver == "fixed_point" else 4
+
+
+def _norm(t: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(t).double()
+
+
+def _weighted_sq(t: Tensor, weight: Tensor) -> Tensor:
+    return (t.square().sum(dim=1, dtype=torch.float64) * weight.double()).sum()
+
+
+def _start(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None):
+    dev = rhs.device
+    ref = _norm(rhs) if ref is None else ref.double()
+    ref_safe = ref.clamp_min(torch.finfo(torch.float64).tiny)
+    history = torch.full((max_iter + 1,), math.nan, dtype=torch.float64, device=dev)
+    flag = torch.zeros((), dtype=torch.bool, device=dev)
+    count = torch.zeros((), dtype=torch.int64, device=dev)
+    return ref, ref_safe, history, flag, count
+
+
+def _finish(solution, rhs, history, sweeps, residual, ref_safe, diverged, valid_upto):
+    positions = torch.arange(history.numel(), device=history.device)
+    history = torch.where(positions < valid_upto, history, torch.nan)
+    if solution is rhs:
+        solution = rhs.clone()
+    return SolveResult(solution, history, sweeps, residual, residual / ref_safe, diverged)
+
+
+def check_every_arg(check_every: int) -> int:
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+        raise ValueError(f"check_every must be an integer >= 0 (0: run max_iter sweeps with no "
+                         f"host check), got {check_every!r}")
+    return check_every
+
+
+def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
+                check_every: int = 1, certificate: Optional[Tensor] = None,
+                growth: float = _CERTIFICATE_SYMMETRIC,
+                callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+    """The paper's iteration (eq. iter) from Z_0 = 0: y_1 = rhs, y_{k+1} = step(y_k), at most
+    ``max_iter`` iterations (max_iter - 1 sweeps), until ||y_{k+1} - y_k|| <= tol ||y_{k+1}||
+    (the paper's stopping test). The result counts iterations as the paper does
+    (:attr:`SolveResult.counts_start`): a fused backend's loop gives the same numbers.
+
+    ``certificate`` (n weights c_i > 0) turns on the divergence test: the iterates are the
+    partial sums y_k = sum_{j<k} J^j rhs of a map J = -Delta/mu that is self-adjoint in the
+    c-weighted inner product, so while every eigenvalue of Delta is <= mu each of them is
+    bounded, ||y_k||_c <= ||rhs||_c. An iterate above ``growth`` times that bound proves
+    mu < lambda_max(Delta): the loop stops there (before anything overflows), keeps the last
+    iterate under the bound and flags ``diverged``."""
+    check_every = check_every_arg(check_every)
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter)
+    diverged = done.clone()
+    residual = ref.clone()  # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0)
+    relative = (ref > 0).double()
+    done = done | (ref <= 0)  # rhs = 0: y = 0 is exact
+    bound = growth * _weighted_sq(rhs, certificate) if certificate is not None else None
+    tiny = torch.finfo(torch.float64).tiny
+    y = rhs
+    if not (check_every and bool(done)):
+        for k in range(1, max_iter):
+            y_next = step(y)
+            res = _norm(y_next - y)  # the residual of y_{k-1}
+            size = _norm(y_next)
+            bad = ~torch.isfinite(res)
+            if bound is not None:
+                bad = bad | (_weighted_sq(y_next, certificate) > bound)
+            rel = res / size.clamp_min(tiny)
+            history[k - 1] = rel
+            live = ~done
+            sweeps += live
+            diverged |= live & bad
+            residual = torch.where(live, res, residual)
+            relative = torch.where(live, rel, relative)
+            accept = live & ~bad
+            done = done | bad | (res <= tol * size)
+            if callback is not None:
+                callback(k)
+            if check_every == 1:
+                is_bad, is_done = torch.stack([bad, done]).tolist()
+                if not is_bad:
+                    y = y_next
+                if is_done:
+                    break
+            else:
+                y = torch.where(accept, y_next, y)
+                if check_every and k % check_every == 0 and bool(done):
+                    break
+    out = _finish(y, rhs, history, sweeps, residual, ref_safe, diverged, sweeps)
+    out.relative, out.counts_start = relative, True
+    return out
+
+
+def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diagonal: Tensor, *,
+                       max_iter: int, tol: float, check_every: int = 1,
+                       residual_scale: Optional[Tensor] = None, ref_norm: Optional[Tensor] = None,
+                       decoupled: Optional[Tensor] = None,
+                       callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+    """Jacobi-preconditioned conjugate gradient for A V = rhs, A SPD, every column its own
+    system (per-column step lengths); one ``apply`` (one CSR sweep) per iteration. Stops once
+    ||residual_scale * (rhs - A V)||_F <= tol * ref_norm (default ||rhs||_F); the residual is
+    the recursively updated one.
+
+    Rows marked ``decoupled`` (A_ij = A_ji = 0 for j != i) start at their exact value
+    rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
+    (guard rows keep z_i = x_i bit for bit); the others start at 0."""
+    check_every = check_every_arg(check_every)
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm)
+    diverged = done.clone()
+    inv_diag = inv_diagonal.unsqueeze(1)
+    # Both reductions of an iteration in one pass over r^2: with M = diag(1/inv_diagonal),
+    # column c of [inv_diagonal, scale^2]^T r^2 holds r_c . M^-1 r_c and ||scale * r_c||^2.
+    weights = torch.stack([inv_diagonal, residual_scale.square() if residual_scale is not None
+                           else torch.ones_like(inv_diagonal)]).to(rhs.dtype)
+
+    def reduce(r):
+        both = torch.mm(weights, torch.mul(r, r, out=scratch))
+        return both[0], both[1].double().sum().clamp_min(0.0).sqrt()
+
+    if decoupled is None:
+        z = torch.zeros_like(rhs)
+        r = rhs.clone()
+    else:
+        known = decoupled.unsqueeze(1)
+        z = torch.where(known, rhs * inv_diag, 0.0)
+        r = torch.where(known, 0.0, rhs)
+    p = r * inv_diag
+    scratch = torch.empty_like(rhs)  # the loop's one n x d temporary, reused
+    rz, residual = reduce(r)
+    history[0] = residual / ref_safe
+    done = done | (residual <= tol * ref)
+    if not (check_every and bool(done)):
+        for k in range(1, max_iter + 1):
+            ap = apply(p)
+            pap = torch.mul(p, ap, out=scratch).sum(dim=0)
+            live = ~done
+            alpha = torch.where(live & (pap > 0), rz / pap, 0.0)
+            z.addcmul_(p, alpha)
+            r.addcmul_(ap, alpha, value=-1.0)
+            rz_new, res = reduce(r)
+            beta = torch.where(live & (rz > 0), rz_new / rz, 0.0)
+            p.mul_(beta).addcmul_(r, inv_diag)  # p = M^-1 r + beta p
+            rz = rz_new
+            history[k] = res / ref_safe
+            sweeps += live
+            bad = ~torch.isfinite(res)
+            diverged |= live & bad
+            residual = torch.where(live, res, residual)
+            done = done | bad | (res <= tol * ref)
+            if callback is not None:
+                callback(k)
+            if check_every and k % check_every == 0 and bool(done):
+                break
+    return _finish(z, rhs, history, sweeps, residual, ref_safe, diverged, sweeps + 1)
+
+
+def _anderson_regularization(dtype: torch.dtype) -> float:
+    # Tikhonov term of the window's normal equations, relative to their mean diagonal: above
+    # the rounding of a Gram matrix accumulated in `dtype`.
+    return 1e-12 if dtype == torch.float64 else 1e-6
+
+
+def _small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
+    """Solves a batch of small SPD systems a x = b (a: B x m x m, b: B x m) by Cholesky, in
+    elementwise tensor ops: on the device, no host check, no LAPACK call (whose batched
+    drivers go multi-threaded even for a handful of 5 x 5 matrices)."""
+    m = a.shape[-1]
+    tiny = torch.finfo(a.dtype).tiny
+    chol = torch.zeros_like(a)
+    for j in range(m):
+        row = chol[:, j, :j]
+        pivot = (a[:, j, j] - (row * row).sum(dim=1)).clamp_min(tiny).sqrt()
+        chol[:, j, j] = pivot
+        if j + 1 < m:
+            below = (chol[:, j + 1:, :j] * row.unsqueeze(1)).sum(dim=2)
+            chol[:, j + 1:, j] = (a[:, j + 1:, j] - below) / pivot.unsqueeze(1)
+    y = torch.zeros_like(b)
+    for i in range(m):  # chol y = b
+        y[:, i] = (b[:, i] - (chol[:, i, :i] * y[:, :i]).sum(dim=1)) / chol[:, i, i]
+    x = torch.zeros_like(b)
+    for i in reversed(range(m)):  # chol^T x = y
+        x[:, i] = (y[:, i] - (chol[:, i + 1:, i] * x[:, i + 1:]).sum(dim=1)) / chol[:, i, i]
+    return x
+
+
+def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
+             window: int = ANDERSON_WINDOW, check_every: int = 1,
+             callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+    """Anderson acceleration (type II, mixing 1) of y -> step(y) from y_0 = rhs, one sweep per
+    iteration, at most ``max_iter`` sweeps, until ||step(y) - y|| <= tol ||rhs||.
+
+    Each channel (column) mixes its own last ``window`` iterates: with f = step(y) - y and
+    the differences dF, dG of f and step(y) over the window,
+    gamma = argmin ||f - dF gamma|| (regularized normal equations, a batched m x m solve on
+    the device) and y <- step(y) - dG gamma."""
+    check_every = check_every_arg(check_every)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    if rhs.dim() != 2:
+        raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter)
+    m = min(window, max(max_iter - 1, 1))
+    dtype = rhs.dtype
+    y = rhs
+    gy = step(y)
+    f = gy - y
+    residual = _norm(f)
+    history[0] = residual / ref_safe
+    sweeps += 1
+    diverged = ~torch.isfinite(residual)
+    done = diverged | (residual <= tol * ref)
+    if callback is not None:
+        callback(1)
+    # The window, slot-major (each slot one contiguous n x d block): loops over the slots with
+    # one scratch buffer beat any batched form of these per-channel products on the CPU.
+    d_f = rhs.new_zeros((m,) + rhs.shape)
+    d_g = rhs.new_zeros((m,) + rhs.shape)
+    scratch = torch.empty_like(rhs)
+    gram = torch.zeros(rhs.size(1), m, m, dtype=torch.float64, device=rhs.device)
+    eye = torch.eye(m, dtype=torch.float64, device=rhs.device)
+    reg = _anderson_regularization(dtype)
+    tiny = torch.finfo(torch.float64).tiny
+
+    def dots(v, filled):
+        """<d_f[j], v> per channel for the filled slots: (filled, d), float64."""
+        return torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
+                            for j in range(filled)]).double()
+
+    if check_every and bool(done):
+        max_iter = 1
+    for k in range(1, max_iter):
+        filled = min(k - 1, m)
+        if filled == 0:
+            y_new = gy
+        else:
+            proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
+            proj[:filled] = dots(f, filled)  # dF^T f
+            lam = reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
+            gamma = _small_spd_solve(gram + lam[:, None, None] * eye, proj.t())
+            gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
+            y_new = torch.addcmul(gy, d_g[0], gamma[0], value=-1.0)  # gy - dG gamma
+            for j in range(1, filled):
+                y_new.addcmul_(d_g[j], gamma[j], value=-1.0)
+        gy_new = step(y_new)
+        f_new = gy_new - y_new
+        res = _norm(f_new)
+        slot = (k - 1) % m
+        torch.sub(f_new, f, out=d_f[slot])
+        torch.sub(gy_new, gy, out=d_g[slot])
+        column = dots(d_f[slot], min(k, m)).t()  # (d, filled): the new Gram row/column
+        gram[:, : column.size(1), slot] = column
+        gram[:, slot, : column.size(1)] = column
+        history[k] = res / ref_safe
+        bad = ~torch.isfinite(res)
+        live = ~done
+        sweeps += live
+        diverged |= live & bad
+        accept = live & ~bad
+        residual = torch.where(accept, res, residual)
+        done = done | bad | (res <= tol * ref)
+        if callback is not None:
+            callback(k + 1)
+        if check_every == 1:
+            is_bad, is_done = torch.stack([bad, done]).tolist()
+            if not is_bad:
+                y, gy, f = y_new, gy_new, f_new
+            if is_done:
+                break
+        else:
+            y = torch.where(accept, y_new, y)
+            gy = torch.where(accept, gy_new, gy)
+            f = torch.where(accept, f_new, f)
+            if check_every and (k + 1) % check_every == 0 and bool(done):
+                break
+    return _finish(y, rhs, history, sweeps, residual, ref_safe, diverged, sweeps)
+
+
+# --------------------------------------------------------------- forward / adjoint --
+
+def solve_forward(system: EquilibriumSystem, x: Tensor, solver: str, *, max_iter: int,
+                  tol: float, check_every: int = 1, window: int = ANDERSON_WINDOW,
+                  callback=None) -> SolveResult:
+    """Z = X - (1/mu) Delta Z with the given solver (``max_iter``: sweeps for cg and
+    anderson, iterations for the fixed point, see :func:`fixed_point`)."""
+    if solver == "cg":
+        out = conjugate_gradient(system.spd_apply, system.mass.unsqueeze(1) * x,
+                                 system.inv_diagonal, max_iter=max_iter, tol=tol,
+                                 check_every=check_every, residual_scale=1.0 / system.mass,
+                                 ref_norm=torch.linalg.vector_norm(x),
+                                 decoupled=system.decoupled, callback=callback)
+        return out
+    step = lambda z: system.step(z, x)  # noqa: E731
+    if solver == "anderson":
+        return anderson(step, x, max_iter=max_iter, tol=tol, window=window,
+                        check_every=check_every, callback=callback)
+    growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
+    return fixed_point(step, x, max_iter=max_iter, tol=tol, check_every=check_every,
+                       certificate=system.mass, growth=growth, callback=callback)
+
+
+def solve_adjoint(system: EquilibriumSystem, g: Tensor, solver: str, *, max_iter: int,
+                  tol: float, check_every: int = 1, window: int = ANDERSON_WINDOW,
+                  callback=None) -> SolveResult:
+    """u = g - (1/mu) Delta^T u (u = dl/dX) with the given solver. For ``cg``: the SPD
+    system (S + L/mu) v = g, then u = S v; its residual g - A v equals the adjoint equation's
+    residual, so the stopping test is the same as the other solvers'."""
+    if solver == "cg":
+        out = conjugate_gradient(system.spd_apply, g, system.inv_diagonal, max_iter=max_iter,
+                                 tol=tol, check_every=check_every, decoupled=system.decoupled,
+                                 callback=callback)
+        out.solution = system.mass.unsqueeze(1) * out.solution
+        return out
+    step = lambda u: system.adjoint_step(u, g)  # noqa: E731
+    if solver == "anderson":
+        return anderson(step, g, max_iter=max_iter, tol=tol, window=window,
+                        check_every=check_every, callback=callback)
+    # J^T = -L C^-1 / mu is self-adjoint in the 1/c-weighted inner product
+    growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
+    return fixed_point(step, g, max_iter=max_iter, tol=tol, check_every=check_every,
+                       certificate=1.0 / system.mass, growth=growth, callback=callback)
+
+
+def fixed_point_diverged(x: Tensor, z: Tensor, chi: Tensor, symmetric: bool) -> Tensor:
+    """On the device: True when ``z``, an iterate of the paper's fixed point from Z_1 = X,
+    is non-finite or breaks the bound ||Z_t||_C <= ||X||_C that holds for every iterate while
+    mu >= lambda_max(Delta) (C = diag(chi), 1 on guard rows; see :func:`fixed_point`). On a
+    symmetric graph a break proves divergence; on a directed one it is a heuristic with a
+    wide margin."""
+    mass = node_mass(chi)
+    growth = _CERTIFICATE_SYMMETRIC if symmetric else _CERTIFICATE_DIRECTED
+    zs = _weighted_sq(z, mass)
+    return ~torch.isfinite(zs) | (zs > growth * _weighted_sq(x, mass))

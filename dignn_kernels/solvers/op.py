@@ -1,0 +1,321 @@
+"""The differentiable solve: one custom op, ``dignn::implicit_solve``, with one autograd
+registration, for every backend and solver, and its entry :func:`implicit_diffusion`.
+
+The op runs the equilibrium Z = X - (1/mu) Delta Z (paper eq. 10) with the chosen solver on
+the chosen backend's passes; a backend with a fused solve
+(:class:`~dignn_kernels.backends.interface.FusedSolve`) runs the fixed point in its own loop
+instead. Its backward is implicit differentiation (appendix "Training for DIGNNs"): the
+adjoint solve with the same solver, then dl/dx = u, dl/dchi_i = u_i . (x_i - z_i) / chi_i
+and, for the neural Laplacian, dl/dp and dl/dq from the backend's gradient pass with
+v = ca.u. Following PyTorch's extension-cpp example, the op is a ``torch.library`` custom op
+with a fake kernel (so ``torch.compile`` traces the layer whole) and its backward is a second
+custom op, so that it is traced too.
+"""
+import warnings
+import weakref
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..backends import BACKENDS, get_backend
+from ..checks import (check_features, check_graph_data, check_projections, check_scalars,
+                      check_transposed, check_values)
+from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
+                    default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
+from .system import EquilibriumSystem
+
+__all__ = ["implicit_diffusion", "resolve_solver", "host_reads_allowed", "backward_stats"]
+
+
+# ------------------------------------------------------------ the adjoint's stats --
+# The adjoint solve's stats, filed by the eager backward under the forward's stats tensor
+# (an op may not change its outputs afterwards; under torch.compile nothing is filed).
+# Keyed by id, dropped when that tensor dies.
+_BACKWARD_STATS: "dict[int, tuple]" = {}
+
+
+def _file_backward_stats(forward_stats: Tensor, stats: Tensor) -> None:
+    key = id(forward_stats)
+    ref = weakref.ref(forward_stats, lambda _, k=key: _BACKWARD_STATS.pop(k, None))
+    _BACKWARD_STATS[key] = (ref, stats)
+
+
+def backward_stats(forward_stats: Tensor) -> Optional[Tensor]:
+    """[iterations, residual, relative residual, diverged] of the adjoint solve of the
+    backward that followed the forward which returned ``forward_stats``; None before it ran."""
+    entry = _BACKWARD_STATS.get(id(forward_stats))
+    if entry is None or entry[0]() is not forward_stats:
+        return None
+    return entry[1]
+
+
+# ------------------------------------------------------------------ the custom op --
+
+def _system(backend, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowptr, t_col,
+            t_perm, diag_index, w=None):
+    if p is not None:
+        if w is None:
+            w, kappa = backend.neural_edge_weights(rowptr, col, edge_value, p, q, eps)
+    else:
+        w = edge_value
+        if kappa is None:  # row sums of the fixed weights, W 1 by the row pass (deterministic)
+            n = chi.shape[0]
+            ones = chi.new_ones(n)
+            kappa = backend.row_pass(rowptr, col, w, ones.view(n, 1), chi.new_zeros(n, 1),
+                                     chi.new_zeros(n), ones).view(n)
+    return EquilibriumSystem(backend, rowptr, col, w, chi, kappa, mu, t_rowptr=t_rowptr,
+                             t_col=t_col, t_perm=t_perm, diag_index=diag_index), w, kappa
+
+
+def _effective_check_every(check_every: int, device: torch.device, solver: str) -> int:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return 0  # no host reads inside a CUDA graph: a fixed max_iter sweeps
+    return check_every if check_every >= 0 else default_check_every(device, solver)
+
+
+def _fused(backend_name: str, solver: str):
+    return get_backend(backend_name).fused_solve if solver == "fixed_point" else None
+
+
+def _with_flag(stats: Tensor, flag: Tensor) -> Tensor:
+    """A fused loop's [iterations, residual, relative] with the diverged flag appended."""
+    return torch.cat([stats, flag.reshape(1).to(stats.dtype)])
+
+
+@torch.library.custom_op("dignn::implicit_solve", mutates_args=())
+def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, chi: Tensor,
+                    p: Optional[Tensor], q: Optional[Tensor], kappa: Optional[Tensor],
+                    t_rowptr: Optional[Tensor], t_col: Optional[Tensor],
+                    t_perm: Optional[Tensor], diag_index: Optional[Tensor], mu: float,
+                    eps: float, max_iter: int, tol: float, solver: str, backend: str,
+                    check_every: int, window: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The equilibrium with ``solver`` on the passes of ``backend``. Returns (z, w, kappa,
+    stats): w the neural edge weights (empty for fixed weights), kappa the diagonal of L,
+    stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
+    fused = _fused(backend, solver)
+    if fused is not None:
+        z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
+                                               eps, max_iter, tol, t_rowptr, t_col, t_perm)
+        diverged = fixed_point_diverged(x, z, chi, t_rowptr is None)
+        return z, (w if p is not None else x.new_empty(0)), kappa_out, \
+            _with_flag(stats, diverged)
+    system, w, kappa_out = _system(get_backend(backend), rowptr, col, edge_value, chi, p, q,
+                                   kappa, mu, eps, t_rowptr, t_col, t_perm, diag_index)
+    out = solve_forward(system, x, solver, max_iter=max_iter, tol=tol,
+                        check_every=_effective_check_every(check_every, x.device, solver),
+                        window=window)
+    w_out = w if p is not None else x.new_empty(0)
+    return out.solution, w_out, kappa_out.clone() if kappa_out is kappa else kappa_out, \
+        out.stats()
+
+
+@_implicit_solve.register_fake
+def _(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index, mu,
+      eps, max_iter, tol, solver, backend, check_every, window):
+    w = x.new_empty(col.shape[0]) if p is not None else x.new_empty(0)
+    stats = torch.empty(4, dtype=torch.float64, device=x.device)
+    return torch.empty_like(x), w, x.new_empty(rowptr.shape[0] - 1), stats
+
+
+@torch.library.custom_op("dignn::implicit_solve_backward", mutates_args=())
+def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w: Tensor,
+                             kappa: Tensor, t_rowptr: Optional[Tensor],
+                             t_col: Optional[Tensor], t_perm: Optional[Tensor],
+                             diag_index: Optional[Tensor], x: Tensor, chi: Tensor,
+                             p: Optional[Tensor], q: Optional[Tensor], z: Tensor,
+                             grad_z: Tensor, mu: float, eps: float, max_iter: int, tol: float,
+                             solver: str, backend: str, check_every: int,
+                             window: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
+    dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
+    gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
+    and grad_q are empty for fixed weights."""
+    fused = _fused(backend, solver)
+    neural = p is not None
+    if fused is not None:
+        grad_x, grad_chi, grad_p, grad_q, stats = fused.backward(
+            rowptr, col, edge_value, w if neural else edge_value, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z,
+            grad_z.contiguous(), mu, eps, max_iter, tol)
+        return grad_x, grad_chi, grad_p, grad_q, _with_flag(stats, ~torch.isfinite(stats[1]))
+    passes = get_backend(backend)
+    system, _, _ = _system(passes, rowptr, col, edge_value, chi, p, q, kappa, mu, eps,
+                           t_rowptr, t_col, t_perm, diag_index, w=w if neural else None)
+    out = solve_adjoint(system, grad_z.contiguous(), solver, max_iter=max_iter, tol=tol,
+                        check_every=_effective_check_every(check_every, x.device, solver),
+                        window=window)
+    u = out.solution
+    grad_chi = (u * (x - z)).sum(dim=1) * system.ca * mu
+    if neural:
+        v = u * system.ca.unsqueeze(1)
+        grad_p, grad_q = passes.gradient_pass(rowptr, col, edge_value, p, q, z, v, eps,
+                                              t_rowptr, t_col, t_perm)
+    else:
+        grad_p, grad_q = x.new_empty(0), x.new_empty(0)
+    return u, grad_chi, grad_p, grad_q, out.stats()
+
+
+@_implicit_solve_backward.register_fake
+def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p, q, z,
+      grad_z, mu, eps, max_iter, tol, solver, backend, check_every, window):
+    grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
+    grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
+    return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,
+            torch.empty(4, dtype=torch.float64, device=x.device))
+
+
+def _solve_setup_context(ctx, inputs, output):
+    (rowptr, col, edge_value, x, chi, p, q, _kappa, t_rowptr, t_col, t_perm, diag_index, mu,
+     eps, max_iter, tol, solver, backend, check_every, window) = inputs
+    z, w, kappa, stats = output
+    ctx.mark_non_differentiable(w, kappa, stats)
+    ctx.save_for_backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
+                          diag_index, x, chi, p, q, z)
+    ctx.config = (mu, eps, max_iter, tol, solver, backend, check_every, window)
+    ctx.stats_key = weakref.ref(stats) if type(stats) is torch.Tensor else None
+    ctx.neural = p is not None
+
+
+def _solve_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
+    if grad_z is None:
+        return (None,) * 20
+    grad_x, grad_chi, grad_p, grad_q, stats = torch.ops.dignn.implicit_solve_backward(
+        *ctx.saved_tensors, grad_z, *ctx.config)
+    forward_stats = ctx.stats_key() if ctx.stats_key is not None else None
+    if forward_stats is not None:
+        _file_backward_stats(forward_stats, stats)
+    if not ctx.neural:
+        grad_p = grad_q = None
+    return (None, None, None, grad_x, grad_chi, grad_p, grad_q) + (None,) * 13
+
+
+torch.library.register_autograd("dignn::implicit_solve", _solve_backward,
+                                setup_context=_solve_setup_context)
+
+
+# ------------------------------------------------------------------ the entry point --
+
+def resolve_solver(solver: str, symmetric: bool) -> str:
+    """The solver that will run: ``cg`` needs a symmetric W and falls back to ``anderson``
+    (with a warning) on directed graphs or asymmetric edge values."""
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if solver == "cg" and not symmetric:
+        warnings.warn(
+            "solver='cg' needs a symmetric W (an undirected graph with a_ij == a_ji): only then "
+            "is (C + L/mu) Z = C X a symmetric positive definite system. This graph is directed "
+            "or has asymmetric edge values, so solver='anderson' runs instead. Symmetrize the "
+            "graph (torch_geometric.utils.to_undirected) to use cg, or pass solver='anderson' "
+            "to silence this.", UserWarning, stacklevel=3)
+        return "anderson"
+    return solver
+
+
+def host_reads_allowed(x: Tensor) -> bool:
+    """Whether a value of ``x``'s device may be read on the host now: not while tracing for
+    torch.compile, not while a CUDA graph is being captured. ``is_compiling`` comes first, so
+    that Dynamo never traces the capture query (it cannot, and fullgraph=True would fail)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _check_arguments(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm):
+    """The shapes, dtypes and devices of a solve, for every backend (checks.py messages)."""
+    n = rowptr.numel() - 1 if isinstance(rowptr, Tensor) else -1
+    check_features(x, "x", n, rowptr)
+    check_values(edge_value, "edge_value", [col.numel()], x, rowptr)
+    check_values(chi, "chi", [n], x, rowptr)
+    if (p is None) != (q is None):
+        raise RuntimeError("p and q go together: pass both (neural Laplacian) or neither")
+    if p is not None:
+        if kappa is not None:
+            raise RuntimeError("kappa is computed from the neural edge weights; pass it only for "
+                             "fixed W")
+        check_projections(p, q, x, n, rowptr)
+    elif kappa is not None:
+        check_values(kappa, "kappa", [n], x, rowptr)
+    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+
+
+def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
+                     stacklevel: int = 3) -> None:
+    """Reads a solve's stats on the host and warns (:class:`DivergenceWarning`, naming mu)
+    when it diverged or ended no better than it started."""
+    iterations, _, relative, diverged = stats.tolist()
+    if diverged and solver == "fixed_point":
+        warnings.warn(
+            f"solver='fixed_point' diverged at mu={mu:g}: the iteration Z <- X - (1/mu) Delta Z "
+            f"only converges when mu > lambda_max(Delta) (paper corollary 4.3), and mu={mu:g} "
+            f"is below lambda_max here, so the output is not the equilibrium. Use solver='cg' "
+            f"(converges for every mu > 0 on undirected graphs) or solver='anderson', or raise "
+            f"mu.", DivergenceWarning, stacklevel=stacklevel + 1)
+    elif solver != "fixed_point" and (diverged or (relative > 1.0 and relative > tol)):
+        warnings.warn(
+            f"solver={solver!r} did not converge at mu={mu:g}: relative residual "
+            f"{relative:.3g} after {int(iterations)} sweeps (no better than the start). "
+            f"Raise max_iter" + (", or use solver='cg' on an undirected graph"
+                                 if solver == "anderson" else "") + ".",
+            DivergenceWarning, stacklevel=stacklevel + 1)
+
+
+def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, chi: Tensor,
+                       p: Optional[Tensor] = None, q: Optional[Tensor] = None,
+                       kappa: Optional[Tensor] = None, *, mu: float, eps: float = 1e-6,
+                       max_iter: int = 10, tol: float = 1e-6, solver: str = "fixed_point",
+                       backend: Optional[str] = None, check_every: Optional[int] = None,
+                       window: int = ANDERSON_WINDOW, t_rowptr: Optional[Tensor] = None,
+                       t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
+                       diag_index: Optional[Tensor] = None,
+                       host_checks: Optional[bool] = None,
+                       trusted: bool = False) -> Tuple[Tensor, Tensor]:
+    """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 10), differentiable in
+    x, chi, p and q by implicit differentiation.
+
+    Neural Laplacian when ``p`` and ``q`` are given (``edge_value`` = a); otherwise
+    ``edge_value`` holds fixed weights W and ``kappa`` their diagonal (None: the row sums of
+    W). ``t_rowptr, t_col, t_perm``: the transposed CSR for graphs whose W is not symmetric.
+
+    - ``solver``: ``"fixed_point"`` (the paper's iteration from Z_0 = 0; ``max_iter`` counts
+      its iterations, Z_1 = X the first), ``"cg"`` (symmetric W only: pass no t_*; directed
+      graphs fall back to ``"anderson"`` with a warning) or ``"anderson"`` (``max_iter``
+      counts their CSR sweeps);
+    - ``backend``: whose passes run it, a name of :data:`dignn_kernels.backends.BACKENDS`
+      (default: ``"cuda"`` for CUDA tensors, else ``"cpu"``);
+    - ``check_every``: host reads of the convergence flag (None: every sweep on the CPU, see
+      :func:`~dignn_kernels.solvers.default_check_every`; 0: always ``max_iter``);
+      ``window``: Anderson's history;
+    - ``diag_index``: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed;
+    - ``host_checks``: read the stats on the host to warn (None: whenever
+      :func:`host_reads_allowed`; False: never, so the call does not synchronize);
+    - ``trusted``: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
+      once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`.
+
+    The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
+    once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual
+    relative to ||g||_F). Returns (z, stats), stats = [iterations, residual, relative
+    residual, diverged] (float64, on the device); :func:`backward_stats` gives the same of
+    the adjoint solve once a backward ran. A diverging or non-converging solve gives a
+    :class:`DivergenceWarning` naming mu."""
+    if backend is None:
+        backend = "cuda" if x.is_cuda else "cpu"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_scalars(mu=mu, eps=eps, max_iter=max_iter, tol=tol)
+    if check_every is not None:
+        check_every_arg(check_every)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    if not torch.compiler.is_compiling():
+        _check_arguments(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm)
+    check_graph_data(trusted, rowptr, col, x, t_rowptr, t_col, t_perm)
+    solver = resolve_solver(solver, t_rowptr is None)
+    host_checks = host_reads_allowed(x) if host_checks is None else \
+        bool(host_checks) and host_reads_allowed(x)
+    z, _, _, stats = torch.ops.dignn.implicit_solve(
+        rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
+        float(mu), float(eps), max_iter, float(tol), solver, backend,
+        -1 if check_every is None else check_every, window)
+    if host_checks:
+        warn_if_diverged(stats, solver, mu, tol)
+    return z, stats

@@ -1,0 +1,99 @@
+"""The maps of one equilibrium problem on a backend's passes (paper eq. 10 and its adjoint).
+
+The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(chi),
+L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass
+(:attr:`Backend.row_pass <dignn_kernels.backends.interface.Backend>`) with per-row
+coefficients, so the solvers of :mod:`.loops` run on every backend.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..backends.interface import Backend
+from ..csr import diagonal_index
+from ..laplacian import guard_rows, node_mass, row_coefficients
+
+__all__ = ["EquilibriumSystem"]
+
+
+class EquilibriumSystem:
+    """The maps of one equilibrium problem on a CSR graph with edge weights ``w``:
+
+    - ``step(z, x) = x + cy.z + ca.(W z)``: the forward fixed-point map (eq. iter);
+    - ``adjoint_step(u, g) = g + cy.u + W^T (ca.u)``: the adjoint fixed-point map;
+    - ``spd_apply(y) = (S + L/mu) y``: the SPD matrix, S = diag(chi) with 1 on guard rows,
+      identity rows on guard rows;
+    - ``mass`` = diag(S), ``inv_diagonal`` = 1 / diag(S + L/mu) (Jacobi);
+    - ``decoupled`` marks rows with no coupling to other nodes (guard rows, rows without
+      edges), whose SPD solution is rhs_i / A_ii outright.
+
+    ``kappa`` is the diagonal of L (row sums of W for the neural, rw and unnormalized
+    Laplacians, 1 for sym). ``t_rowptr, t_col, t_perm`` describe W^T for directed graphs
+    (None: W is symmetric). ``diag_index`` locates the self-loops (computed when None)."""
+
+    def __init__(self, backend: Backend, rowptr: Tensor, col: Tensor, w: Tensor, chi: Tensor,
+                 kappa: Tensor, mu: float, *, t_rowptr: Optional[Tensor] = None,
+                 t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
+                 diag_index: Optional[Tensor] = None):
+        self.row_pass = backend.row_pass
+        self.rowptr, self.col, self.w = rowptr, col, w
+        self.mu = float(mu)
+        self.symmetric = t_rowptr is None
+        self._transposed = (t_rowptr, t_col, t_perm)
+        self._diag_index = diag_index
+        self.guard = guard_rows(chi)
+        self.ones = torch.ones_like(chi)
+        self.mass = node_mass(chi)
+        self.cy, self.ca = row_coefficients(chi, kappa, self.mu)
+        self.kappa = kappa
+        self.decoupled = self.guard | (rowptr[1:] == rowptr[:-1])
+        self._adjoint = None
+        self._spd = None
+        self._zeros = None
+
+    def step(self, z: Tensor, x: Tensor) -> Tensor:
+        return self.row_pass(self.rowptr, self.col, self.w, z, x, self.cy, self.ca)
+
+    def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
+        if self._adjoint is None:
+            t_rowptr, t_col, t_perm = self._transposed
+            if self.symmetric:
+                t_rowptr, t_col, t_w = self.rowptr, self.col, self.w
+            else:
+                t_w = self.w[t_perm]
+            # entry (j, i) of W^T carries W_ij ca_i, so that W^T (ca.u) is one CSR product
+            self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()])
+        t_rowptr, t_col, t_w = self._adjoint
+        return self.row_pass(t_rowptr, t_col, t_w, u, g, self.cy, self.ones)
+
+    def _spd_terms(self):
+        if self._spd is None:
+            if not self.symmetric:
+                raise ValueError("the SPD form (solver='cg') needs a symmetric W; this graph "
+                                 "is directed or has asymmetric edge values")
+            inv_mu = 1.0 / self.mu
+            # (S + (K - W)/mu) y = spd_cy * y + spd_rs * (W y); identity on guard rows.
+            spd_cy = torch.where(self.guard, self.ones, self.mass + self.kappa * inv_mu)
+            spd_rs = torch.where(self.guard, torch.zeros_like(self.mass),
+                                 torch.full_like(self.mass, -inv_mu))
+            index = self._diag_index
+            if index is None:
+                index = diagonal_index(self.rowptr, self.col)
+            # A self-loop's W_ii is in kappa_i and in W: L_ii = kappa_i - W_ii.
+            w_ii = torch.where(index >= 0, self.w[index.clamp_min(0)],
+                               torch.zeros_like(self.mass)) if self.w.numel() else \
+                torch.zeros_like(self.mass)
+            diagonal = spd_cy + spd_rs * w_ii
+            self._spd = (spd_cy, spd_rs, 1.0 / diagonal)
+        return self._spd
+
+    def spd_apply(self, y: Tensor) -> Tensor:
+        spd_cy, spd_rs, _ = self._spd_terms()
+        if self._zeros is None or self._zeros.shape != y.shape:
+            self._zeros = torch.zeros_like(y)
+        return self.row_pass(self.rowptr, self.col, self.w, y, self._zeros, spd_cy, spd_rs)
+
+    @property
+    def inv_diagonal(self) -> Tensor:
+        return self._spd_terms()[2]
