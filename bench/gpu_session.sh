@@ -20,8 +20,8 @@
 # Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs]  (default all; the others skip
 #         the build when dignn_kernels with CUDA kernels is already installed)
 # Data:   the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA,
-#         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, passed
-#         to the device tool in `carry`); graphs whose files are missing are skipped and the
+#         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, copied
+#         to the GPU machine with the tree); graphs whose files are missing are skipped and the
 #         summaries say so.
 # Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT (seconds; default 200,
 #         190, 170, 150).

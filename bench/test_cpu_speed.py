@@ -1,11 +1,11 @@
-"""CPU speed and memory of one training step of the implicit layer (issue: foundation).
+"""CPU speed and memory of one training step of the implicit layer.
 
 cornell5 (18,660 nodes, 1,581,554 directed edges), h = d = 64, 10 forward + 10 adjoint
 iterations (tol = 0), forward + backward, side by side in one run:
 
 - ``fused``: FusedImplicitDiffusion on the fused C++ kernels (backend="cpu");
-- ``composed``: the best plain-PyTorch composition (backend="torch": projections and edge
-  weights once, torch.sparse CSR products, adjoint iterations);
+- ``composed``: the plain-PyTorch backend (backend="torch": the same solvers on passes made of
+  gathers, index_add_ and torch.sparse CSR products);
 - ``reference``: the paper's algorithm as written (dignn_kernels.reference).
 
 Each test stores ms per step and the peak memory growth of the step in extra_info;

@@ -1,4 +1,4 @@
-"""GPU speed and memory of one training step of the implicit layer (issue 3); skipped without
+"""GPU speed and memory of one training step of the implicit layer; skipped without
 a GPU.
 
 Graphs: cornell5 (real, 18,660 nodes, 1,581,554 directed edges; from DIGNN_DATA), the
@@ -20,7 +20,7 @@ edge sweeps per second (20 iterations x m CSR entries per step), achieved GB/s u
 model below, and the peak GPU memory of one step (torch.cuda.max_memory_allocated after a reset;
 "growth" is that peak minus what was allocated before the step: graph, features, parameters).
 test_cached_iteration measures the device's device-to-device copy bandwidth and the cached-
-weight iteration alone; test_summary states every goal of the issue and by how much it is met
+weight iteration alone; test_summary states every goal and by how much it is met
 or missed, prints it and writes it to $DIGNN_BENCH_SUMMARY (if set).
 
 Byte model (float32 values, int32 columns, int64 row pointers; n nodes, m CSR entries,
@@ -230,7 +230,7 @@ def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
 
 
 def test_summary():
-    """Every goal of the issue, met or missed and by how much; fails if one is missed."""
+    """Every goal, met or missed and by how much; fails if one is missed."""
     if ("penn94_like", "cuda") not in RESULTS:
         pytest.skip("run the whole file to compare the variants")
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

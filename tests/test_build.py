@@ -73,6 +73,7 @@ else:
 """
 
 
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 def test_import_refuses_a_different_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", MISMATCH_SCRIPT], capture_output=True,
                           text=True, cwd=tmp_path)
@@ -108,6 +109,7 @@ def test_ci_runs_the_readme_test_command():
     ("no build", "is not built: run `pip install -e .` in that source tree"),
     ("no extension", "is a source tree without its compiled extension: run `pip install -e .`"),
 ])
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 def test_source_tree_import_says_how_in_one_line(tmp_path, state, message):
     """Importing dignn_kernels from a source checkout that was never built in place (the
     repository root shadows the installed package) gives one line that names the fix."""

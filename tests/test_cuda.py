@@ -132,9 +132,8 @@ def test_opcheck(kind):
         "csr_fma": [(c["rowptr"], c["col"], c["w"], c["z"], c["x"], c["cy"], c["rs"])],
         "neural_weight_grad": [(c["rowptr"], c["col"], c["a"], c["p"], c["q"], c["z"], c["v"],
                                 1e-6, *t)],
-        "implicit_diffusion": [(c["rowptr"], c["col"], c["a"], *req(c["x"], c["chi"], c["p"],
-                                                                     c["q"]), None, 3.0, 1e-6,
-                                8, 1e-8, *t)],
+        "implicit_diffusion": [(c["rowptr"], c["col"], c["a"], c["x"], c["chi"], c["p"],
+                                c["q"], None, 3.0, 1e-6, 8, 1e-8, *t)],
         "implicit_diffusion_backward": [(c["rowptr"], c["col"], c["a"], c["w"], c["kappa"], *t,
                                          c["x"], c["chi"], c["p"], c["q"], c["z"], c["g"], 3.0,
                                          1e-6, 8, 1e-8)],
@@ -142,6 +141,12 @@ def test_opcheck(kind):
     for name, args_list in samples.items():
         for args in args_list:
             torch.library.opcheck(getattr(torch.ops.dignn, name).default, args)
+    # the one differentiable solve op: the fused CUDA loop and the solvers' cg loop
+    for solver in ("fixed_point", "cg"):
+        torch.library.opcheck(torch.ops.dignn.implicit_solve.default, (
+            c["rowptr"], c["col"], c["a"], *req(c["x"], c["chi"], c["p"], c["q"]), None, *t,
+            None, 3.0, 1e-6, 8, 1e-8, solver if solver == "fixed_point" else "anderson",
+            "cuda", 0, 5))
 
 
 def test_argument_errors():
@@ -154,7 +159,7 @@ def test_argument_errors():
                           (dict(mu=float("nan")), "mu must be a finite number > 0"),
                           (dict(mu=2.0, max_iter=0), "max_iter must be an integer >= 1")]:
         with pytest.raises(ValueError, match=match):
-            ops.implicit_diffusion(rp, cl, a, x, chi, p, q, **kwargs)
+            dk.implicit_diffusion(rp, cl, a, x, chi, p, q, **kwargs)
     with pytest.raises(RuntimeError, match="q must have dtype"):
         ops.neural_edge_weights(rp, cl, a, p, q.float())
 

@@ -164,6 +164,7 @@ def test_cli_errors(capsys, tmp_path):
     assert "data_root" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 def test_console_script_runs(tmp_path):
     """The installed ``dignn`` command (``python -m dignn.cli`` where the script is not on
     disk) in a fresh process, started outside the source tree so that the installed packages

@@ -226,6 +226,7 @@ def test_graph_preprocessing_is_cached():
     assert g2 is not g1 and torch.allclose(g2.value.sum(), 2 * g1.value.sum())
 
 
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 def test_torch_compile():
     x, ei, w = make_graph("weighted", n=30, d=6, dtype=torch.float32)
     layer = make_layer(6, dtype=torch.float32, max_iter=15)

@@ -212,6 +212,7 @@ torch.save(out, "PATH")
 """
 
 
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 def test_instruction_set_variants_agree(tmp_path):
     """The generic, AVX2 and AVX-512 builds of the passes compute the same function (each
     chosen with DIGNN_CPU_ISA in its own process)."""

@@ -628,6 +628,7 @@ print("compiled", len(variants), "kernel variants")
 """
 
 
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
 @pytest.mark.skipif(HAS_CUDA, reason="with a GPU the cuda tests compile and run the kernels")
 def test_kernels_compile_for_the_gpu(tmp_path):
     """Without a GPU the kernels otherwise only ever run in the interpreter, which accepts
