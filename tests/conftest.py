@@ -91,6 +91,30 @@ def thetas(layer):
                 theta_varphi=layer.theta_varphi.weight)
 
 
+def gradcheck_layer(layer, kind, x, ei, w) -> bool:
+    """gradcheck of the layer in x and its parameters; x = 0 rows are the guarded kink of the
+    neural chi = D tanh(||Θχ x||), so on such graphs only the parameters are checked."""
+    params = list(layer.parameters())
+    x.requires_grad_(not (kind == "zero_rows" and layer.laplacian == "neural"))
+    inputs = [x] + params if x.requires_grad else params
+
+    def f(*args):
+        return layer(x if not x.requires_grad else args[0], ei, w)
+
+    return torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def wide_range_projections(n: int):
+    """(a, p, q) of a ring of n nodes with h = 1 (exact dot products) whose edge weights take
+    tanh over arguments from 1e-6 to 1e4 (both branches of the float32 tanh, and its clamp)."""
+    gen = torch.Generator().manual_seed(0)
+    mags = 10 ** (torch.rand(n, 1, generator=gen) * 5 - 3)
+    signs = torch.where(torch.rand(n, 1, generator=gen) < 0.5, -1.0, 1.0)
+    p = (mags * signs).float()
+    q = (10 ** (torch.rand(n, 1, generator=gen) * 7 - 5)).float()
+    return torch.ones(n), p, q
+
+
 def rel_err(a, b):
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))

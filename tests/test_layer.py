@@ -6,7 +6,8 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import reference
-from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
+from conftest import (GRAPH_KINDS, LAPLACIANS, gradcheck_layer, make_graph, make_layer, rel_err,
+                      thetas)
 
 CONVERGED = dict(max_iter=400, tol=1e-14)
 
@@ -33,16 +34,7 @@ def test_forward_matches_dense_solve(kind, laplacian):
 def test_gradcheck(kind, laplacian):
     x, ei, w = make_graph(kind, n=14, d=3)
     layer = make_layer(3, laplacian, h=3, **CONVERGED)
-    params = list(layer.parameters())
-    # x = 0 rows are the guarded kink of the neural chi = D tanh(||Θχ x||): differentiate
-    # there only with respect to the parameters.
-    x.requires_grad_(not (kind == "zero_rows" and laplacian == "neural"))
-    inputs = [x] + params if x.requires_grad else params
-
-    def f(*args):
-        return layer(x if not x.requires_grad else args[0], ei, w)
-
-    assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-5)
+    assert gradcheck_layer(layer, kind, x, ei, w)
 
 
 def test_gradcheck_unnormalized():

@@ -9,7 +9,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
-from conftest import make_graph, rel_err
+from conftest import make_graph, rel_err, wide_range_projections
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
        "neural_weight_grad", "implicit_diffusion", "implicit_diffusion_backward"]
@@ -173,12 +173,8 @@ def test_float32_edge_math_is_accurate():
     over arguments from 1e-6 to 1e4 (both branches, and the clamp)."""
     n = 4000
     g = dk.build_graph(torch.stack([torch.arange(n), torch.arange(n).roll(1)]), n)
-    gen = torch.Generator().manual_seed(0)
-    mags = 10 ** (torch.rand(n, 1, generator=gen) * 5 - 3)
-    signs = torch.where(torch.rand(n, 1, generator=gen) < 0.5, -1.0, 1.0)
-    p = (mags * signs).float()
-    q = (10 ** (torch.rand(n, 1, generator=gen) * 7 - 5)).float()
-    a = torch.ones(n)
+    a, p, q = wide_range_projections(n)
+    gen = torch.Generator().manual_seed(1)
     w32, _ = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, 1e-6)
     w64, _ = ops.neural_edge_weights(g.rowptr, g.col, a.double(), p.double(), q.double(), 1e-6)
     err = (w32.double() - w64).abs() / w64.abs()

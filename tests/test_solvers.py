@@ -13,7 +13,8 @@ from dignn_kernels import ops, reference, solvers
 from dignn_kernels.backends import get_backend
 from backend_faces import face
 from dignn_kernels.synthetic import uniform_graph
-from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
+from conftest import (GRAPH_KINDS, LAPLACIANS, gradcheck_layer, make_graph, make_layer, rel_err,
+                      thetas)
 
 EXACT = dict(max_iter=400, tol=1e-14)
 SOLVERS = ["fixed_point", "cg", "anderson"]
@@ -138,15 +139,7 @@ GRAD_CASES = ([("cg", k, lap) for k in ("symmetric", "self_loops", "zero_rows", 
 def test_gradcheck(solver, kind, laplacian):
     x, ei, w = make_graph(kind, n=14, d=3)
     layer = make_layer(3, laplacian, h=3, solver=solver, **EXACT)
-    params = list(layer.parameters())
-    # x = 0 rows are the kink of chi = D tanh(||Θχ x||): there only the parameters
-    x.requires_grad_(not (kind == "zero_rows" and laplacian == "neural"))
-    inputs = [x] + params if x.requires_grad else params
-
-    def f(*args):
-        return layer(x if not x.requires_grad else args[0], ei, w)
-
-    assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-5)
+    assert gradcheck_layer(layer, kind, x, ei, w)
     assert layer.backward_iterations < EXACT["max_iter"]
 
 

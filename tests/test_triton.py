@@ -20,7 +20,7 @@ import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.backends import triton as tb
 from backend_faces import face
-from conftest import make_graph, make_layer, rel_err, thetas
+from conftest import make_graph, make_layer, rel_err, thetas, wide_range_projections
 
 tk = face("triton")  # the triton passes and solve through the public face
 compiled = face("cpu")
@@ -238,12 +238,8 @@ def test_float32_edge_math_is_accurate(device):
     bound = 6e-7 if device.type == "cpu" else 2e-6
     n = 1000
     g = dk.build_graph(torch.stack([torch.arange(n), torch.arange(n).roll(1)]), n)
-    gen = torch.Generator().manual_seed(0)
-    mags = 10 ** (torch.rand(n, 1, generator=gen) * 5 - 3)
-    signs = torch.where(torch.rand(n, 1, generator=gen) < 0.5, -1.0, 1.0)
-    p = (mags * signs).float()
-    q = (10 ** (torch.rand(n, 1, generator=gen) * 7 - 5)).float()
-    a = torch.ones(n)
+    a, p, q = wide_range_projections(n)
+    gen = torch.Generator().manual_seed(1)
     rp, cl = to(device, g.rowptr, g.col)
     w32, _ = tk.neural_edge_weights(rp, cl, *to(device, a, p, q), 1e-6)
     w64, _ = ops.neural_edge_weights(g.rowptr, g.col, a.double(), p.double(), q.double(), 1e-6)

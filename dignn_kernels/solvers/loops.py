@@ -381,25 +381,37 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
 
 # --------------------------------------------------------------- forward / adjoint --
 
+def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *,
+           max_iter: int, tol: float, check_every: int, window: int, callback) -> SolveResult:
+    if solver == "cg":
+        cg = dict(max_iter=max_iter, tol=tol, check_every=check_every,
+                  decoupled=system.decoupled, callback=callback)
+        if adjoint:  # (S + L/mu) v = g, then u = S v
+            out = conjugate_gradient(system.spd_apply, rhs, system.inv_diagonal, **cg)
+            out.solution = system.mass.unsqueeze(1) * out.solution
+            return out
+        return conjugate_gradient(system.spd_apply, system.mass.unsqueeze(1) * rhs,
+                                  system.inv_diagonal, residual_scale=1.0 / system.mass,
+                                  ref_norm=torch.linalg.vector_norm(rhs), **cg)
+    step_map = system.adjoint_step if adjoint else system.step
+    step = lambda y: step_map(y, rhs)  # noqa: E731
+    if solver == "anderson":
+        return anderson(step, rhs, max_iter=max_iter, tol=tol, window=window,
+                        check_every=check_every, callback=callback)
+    growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
+    # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
+    certificate = 1.0 / system.mass if adjoint else system.mass
+    return fixed_point(step, rhs, max_iter=max_iter, tol=tol, check_every=check_every,
+                       certificate=certificate, growth=growth, callback=callback)
+
+
 def solve_forward(system: EquilibriumSystem, x: Tensor, solver: str, *, max_iter: int,
                   tol: float, check_every: int = 1, window: int = ANDERSON_WINDOW,
                   callback=None) -> SolveResult:
     """Z = X - (1/mu) Delta Z with the given solver (``max_iter``: sweeps for cg and
     anderson, iterations for the fixed point, see :func:`fixed_point`)."""
-    if solver == "cg":
-        out = conjugate_gradient(system.spd_apply, system.mass.unsqueeze(1) * x,
-                                 system.inv_diagonal, max_iter=max_iter, tol=tol,
-                                 check_every=check_every, residual_scale=1.0 / system.mass,
-                                 ref_norm=torch.linalg.vector_norm(x),
-                                 decoupled=system.decoupled, callback=callback)
-        return out
-    step = lambda z: system.step(z, x)  # noqa: E731
-    if solver == "anderson":
-        return anderson(step, x, max_iter=max_iter, tol=tol, window=window,
-                        check_every=check_every, callback=callback)
-    growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
-    return fixed_point(step, x, max_iter=max_iter, tol=tol, check_every=check_every,
-                       certificate=system.mass, growth=growth, callback=callback)
+    return _solve(system, x, solver, False, max_iter=max_iter, tol=tol,
+                  check_every=check_every, window=window, callback=callback)
 
 
 def solve_adjoint(system: EquilibriumSystem, g: Tensor, solver: str, *, max_iter: int,
@@ -408,20 +420,8 @@ def solve_adjoint(system: EquilibriumSystem, g: Tensor, solver: str, *, max_iter
     """u = g - (1/mu) Delta^T u (u = dl/dX) with the given solver. For ``cg``: the SPD
     system (S + L/mu) v = g, then u = S v; its residual g - A v equals the adjoint equation's
     residual, so the stopping test is the same as the other solvers'."""
-    if solver == "cg":
-        out = conjugate_gradient(system.spd_apply, g, system.inv_diagonal, max_iter=max_iter,
-                                 tol=tol, check_every=check_every, decoupled=system.decoupled,
-                                 callback=callback)
-        out.solution = system.mass.unsqueeze(1) * out.solution
-        return out
-    step = lambda u: system.adjoint_step(u, g)  # noqa: E731
-    if solver == "anderson":
-        return anderson(step, g, max_iter=max_iter, tol=tol, window=window,
-                        check_every=check_every, callback=callback)
-    # J^T = -L C^-1 / mu is self-adjoint in the 1/c-weighted inner product
-    growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
-    return fixed_point(step, g, max_iter=max_iter, tol=tol, check_every=check_every,
-                       certificate=1.0 / system.mass, growth=growth, callback=callback)
+    return _solve(system, g, solver, True, max_iter=max_iter, tol=tol,
+                  check_every=check_every, window=window, callback=callback)
 
 
 def fixed_point_diverged(x: Tensor, z: Tensor, chi: Tensor, symmetric: bool) -> Tensor:
