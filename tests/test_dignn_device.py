@@ -186,3 +186,12 @@ def test_default_run_gives_no_warning(capsys):
     captured = capsys.readouterr()
     assert "warning" not in captured.err.lower(), captured.err
     assert "over 10 split(s)" in captured.out and "1 CPU thread (small graph)" in captured.out
+
+
+def test_cli_choices_are_the_layers():
+    """The CLI spells the layer's solvers and backends out (it imports no torch for --help);
+    they are the library's."""
+    import dignn_kernels as dk
+    from dignn import catalog
+    assert catalog.SOLVERS == dk.SOLVERS
+    assert catalog.BACKENDS == ("auto",) + dk.backends.BACKENDS == dk.BACKENDS

@@ -51,8 +51,7 @@ def available_backends(device: torch.device, num_entries: Optional[int] = None
     :data:`TRITON_MIN_ENTRIES` CSR entries (``num_entries``; None counts as small), then the
     plain-PyTorch fallback. Triton runs on the CPU only in its (slow) interpreter, last."""
     device = torch.device(device)
-    found = [name for name in ("cpu", "cuda", "triton", "torch")
-             if _REGISTRY[name].available(device)]
+    found = [name for name in BACKENDS if _REGISTRY[name].available(device)]
     if "triton" in found:
         found.remove("triton")
         if device.type == "cuda":

@@ -2,7 +2,7 @@
 answers without loading torch (:mod:`dignn.data` holds the loaders behind these names)."""
 from typing import Dict
 
-__all__ = ["DATASETS", "DEVICE_HELP"]
+__all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS"]
 
 # dataset name -> task ("node" or "graph")
 DATASETS: Dict[str, str] = {
@@ -13,3 +13,8 @@ DATASETS: Dict[str, str] = {
 
 DEVICE_HELP = ("where to train: auto (the GPU when one is visible, else the CPU), cpu, cuda "
                "or cuda:N (default: auto)")
+
+# The layer's choices, spelled out here so that `dignn --help` imports no torch; a test holds
+# them to dignn_kernels.SOLVERS and ("auto",) + dignn_kernels.backends.BACKENDS.
+SOLVERS = ("fixed_point", "cg", "anderson")
+BACKENDS = ("auto", "cpu", "cuda", "triton", "torch")

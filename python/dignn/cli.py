@@ -80,7 +80,7 @@ def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
-    from .catalog import DATASETS
+    from .catalog import BACKENDS, DATASETS, SOLVERS
     from .presets import PRESETS
     parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stop a split after N epochs without a better validation accuracy")
     over.add_argument("--seed", type=int, default=None, metavar="S",
                       help="base seed; split k trains with seed S + k")
-    over.add_argument("--solver", choices=["fixed_point", "cg", "anderson"], default=None,
+    over.add_argument("--solver", choices=SOLVERS, default=None,
                       help="the implicit layer's solver (cg: exact for every mu > 0)")
-    over.add_argument("--backend", choices=["auto", "cpu", "cuda", "triton", "torch"],
+    over.add_argument("--backend", choices=BACKENDS,
                       default=None,
                       help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
                            "GPU cuda, or triton for graphs of 2M CSR entries and more)")
