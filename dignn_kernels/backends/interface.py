@@ -21,9 +21,10 @@ optional fused solve:
   per sweep; see :mod:`dignn_kernels.backends.compiled`).
 
 The passes are raw: no autograd, no graph-data check. The solvers call them below the one
-autograd registration of the solve (:mod:`dignn_kernels.solvers.op`), and the graph is
-checked once at the entry (:func:`dignn_kernels.ops.check_graph_data`). Shapes, dtypes and
-devices are still checked by each pass, with the messages of ``csrc/ops/checks.h``.
+autograd registration of the solve (:mod:`dignn_kernels.solvers.op`); the arguments are
+checked once at the boundary, for every backend (:mod:`dignn_kernels.checks`: shapes, dtypes,
+devices, and the graph's data unless it is trusted). The compiled and Triton ops check
+shapes again for their direct callers, with the same messages (``csrc/ops/checks.h``).
 
 Why a record of functions rather than one dispatcher op per pass with a kernel per dispatch
 key, as pyg-lib and PyTorch's extension-cpp register theirs: two of the four backends
