@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
-    "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad", "implicit_diffusion",
-    "implicit_diffusion_backward", "backward_stats", "check_graph",
+    "neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
+    "neural_weight_grad", "implicit_diffusion", "implicit_diffusion_backward", "backward_stats",
+    "check_graph",
 ]
 
 _ops = torch.ops.dignn
@@ -121,15 +121,6 @@ def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_
                                              t_col, t_perm)
 
 
-def neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu: float, eps: float = 1e-6, *,
-                          trusted: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
-    """The fused forward pass: computes the neural edge weights and
-    ``z_next = x - (1/mu) Delta z`` in one sweep. Returns (z_next, w, kappa)."""
-    _check_scalars(mu=mu, eps=eps)
-    _check_graph(trusted, rowptr, col, x)
-    return _ops.neural_diffusion_step(rowptr, col, a, p, q, chi, x, z, mu, eps)
-
-
 def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *,
                    trusted: bool = False) -> Tensor:
     """One forward iteration with cached weights: ``x - (1/mu) Delta z``,
@@ -137,15 +128,6 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *,
     _check_scalars(mu=mu)
     _check_graph(trusted, rowptr, col, x)
     return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
-
-
-def adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu: float, *,
-                 trusted: bool = False) -> Tensor:
-    """One adjoint iteration ``g - (1/mu) Delta^T u`` on the CSR of W^T (the CSR of W
-    itself when W is symmetric)."""
-    _check_scalars(mu=mu)
-    _check_graph(trusted, t_rowptr, t_col, g, transposed=True)
-    return _ops.adjoint_step(t_rowptr, t_col, t_w, chi, kappa, g, u, mu)
 
 
 def csr_fma(rowptr, col, w, y, b, cy, rs, *, trusted: bool = False) -> Tensor:
@@ -231,19 +213,9 @@ def _(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
     return torch.empty_like(p), torch.empty_like(q)
 
 
-@torch.library.register_fake("dignn::neural_diffusion_step")
-def _(rowptr, col, a, p, q, chi, x, z, mu, eps):
-    return torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr))
-
-
 @torch.library.register_fake("dignn::diffusion_step")
 def _(rowptr, col, w, chi, kappa, x, z, mu):
     return torch.empty_like(x)
-
-
-@torch.library.register_fake("dignn::adjoint_step")
-def _(t_rowptr, t_col, t_w, chi, kappa, g, u, mu):
-    return torch.empty_like(g)
 
 
 @torch.library.register_fake("dignn::csr_fma")

@@ -27,7 +27,6 @@ class Inputs:
     t_perm: torch.Tensor
     a: torch.Tensor
     w: torch.Tensor
-    t_w: torch.Tensor
     grad_w: torch.Tensor
     p: torch.Tensor
     q: torch.Tensor
@@ -36,7 +35,6 @@ class Inputs:
     x: torch.Tensor
     z: torch.Tensor
     v: torch.Tensor
-    g: torch.Tensor
     cy: torch.Tensor
     rs: torch.Tensor
 
@@ -56,8 +54,8 @@ def inputs(dtype=torch.float64) -> Inputs:
     c = graph_case("directed", n=N, d=3, h=2, dtype=dtype)
     t_rowptr, t_col, t_perm = c.t
     return Inputs(rowptr=c.rowptr, col=c.col, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
-                  a=c.a, w=c.w, t_w=c.t_w, grad_w=c.grad_w, p=c.p, q=c.q, chi=c.chi,
-                  kappa=c.kappa, x=c.x, z=c.z, v=c.v, g=c.g, cy=c.cy, rs=c.rs)
+                  a=c.a, w=c.w, grad_w=c.grad_w, p=c.p, q=c.q, chi=c.chi, kappa=c.kappa,
+                  x=c.x, z=c.z, v=c.v, cy=c.cy, rs=c.rs)
 
 
 def strided(s: Inputs) -> Inputs:
@@ -77,18 +75,10 @@ OPS = {
         lambda api, s, **kw: api.neural_edge_weights_backward(
             s.rowptr, s.col, s.a, s.p, s.q, EPS, s.grad_w, s.t_rowptr, s.t_col, s.t_perm, **kw),
         ("rowptr", "col"), "p", True),
-    "neural_diffusion_step": (
-        lambda api, s, **kw: api.neural_diffusion_step(s.rowptr, s.col, s.a, s.p, s.q, s.chi,
-                                                       s.x, s.z, MU, EPS, **kw),
-        ("rowptr", "col"), "x", False),
     "diffusion_step": (
         lambda api, s, **kw: api.diffusion_step(s.rowptr, s.col, s.w, s.chi, s.kappa, s.x, s.z,
                                                 MU, **kw),
         ("rowptr", "col"), "x", False),
-    "adjoint_step": (
-        lambda api, s, **kw: api.adjoint_step(s.t_rowptr, s.t_col, s.t_w, s.chi, s.kappa, s.g,
-                                              s.z, MU, **kw),
-        ("t_rowptr", "t_col"), "g", False),
     "csr_fma": (
         lambda api, s, **kw: api.csr_fma(s.rowptr, s.col, s.w, s.z, s.x, s.cy, s.rs, **kw),
         ("rowptr", "col"), "z", False),

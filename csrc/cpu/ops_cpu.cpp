@@ -100,40 +100,14 @@ std::tuple<Tensor, Tensor> neural_edge_weights_backward_cpu(
   return {grad_p, grad_q};
 }
 
-std::tuple<Tensor, Tensor, Tensor> neural_diffusion_step_cpu(
-    const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p,
-    const Tensor& q, const Tensor& chi, const Tensor& x, const Tensor& z, double mu,
-    double eps) {
-  const int64_t n = check_neural_diffusion_step_args(rowptr, col, a, p, q, chi, x, z, mu, eps);
-  Tensor w = at::empty({col.numel()}, x.options());
-  Tensor kappa = at::empty({n}, x.options());
-  Tensor z_next = at::empty_like(x, at::MemoryFormat::Contiguous);
-  neural_edge_pass(rowptr.contiguous(), col.contiguous(), a.contiguous(), p.contiguous(),
-                   q.contiguous(), eps, w, kappa, chi.contiguous(), x.contiguous(),
-                   z.contiguous(), 1.0 / mu, z_next);
-  return {z_next, w, kappa};
-}
-
 Tensor diffusion_step_cpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,
                           const Tensor& chi, const Tensor& kappa, const Tensor& x,
                           const Tensor& z, double mu) {
-  check_cached_step_args(rowptr, col, w, chi, kappa, x, z, mu, /*adjoint=*/false);
+  check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu);
   auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
   Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   cached_step(rowptr.contiguous(), col.contiguous(), w.contiguous(), x.contiguous(), cy, ca,
               z.contiguous(), out);
-  return out;
-}
-
-Tensor adjoint_step_cpu(const Tensor& t_rowptr, const Tensor& t_col, const Tensor& t_w,
-                        const Tensor& chi, const Tensor& kappa, const Tensor& g,
-                        const Tensor& u, double mu) {
-  check_cached_step_args(t_rowptr, t_col, t_w, chi, kappa, g, u, mu, /*adjoint=*/true);
-  auto [cy, ca] = coefficient_vectors(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
-  const Tensor t_cl = t_col.contiguous();
-  Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  cached_step(t_rowptr.contiguous(), t_cl, adjoint_weights(t_w.contiguous(), ca, t_cl),
-              g.contiguous(), cy, Tensor(), u.contiguous(), out);
   return out;
 }
 
@@ -294,9 +268,7 @@ TORCH_LIBRARY_IMPL(dignn, CPU, m) {
   m.impl("check_graph", &check_graph_cpu);
   m.impl("neural_edge_weights", &neural_edge_weights_cpu);
   m.impl("neural_edge_weights_backward", &neural_edge_weights_backward_cpu);
-  m.impl("neural_diffusion_step", &neural_diffusion_step_cpu);
   m.impl("diffusion_step", &diffusion_step_cpu);
-  m.impl("adjoint_step", &adjoint_step_cpu);
   m.impl("csr_fma", &csr_fma_cpu);
   m.impl("neural_weight_grad", &neural_weight_grad_cpu);
   m.impl("implicit_diffusion", &implicit_diffusion_cpu);

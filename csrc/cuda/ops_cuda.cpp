@@ -12,9 +12,7 @@ TORCH_LIBRARY_IMPL(dignn, CUDA, m) {
   m.impl("check_graph", &check_graph_gpu);
   m.impl("neural_edge_weights", &neural_edge_weights_gpu);
   m.impl("neural_edge_weights_backward", &neural_edge_weights_backward_gpu);
-  m.impl("neural_diffusion_step", &neural_diffusion_step_gpu);
   m.impl("diffusion_step", &diffusion_step_gpu);
-  m.impl("adjoint_step", &adjoint_step_gpu);
   m.impl("csr_fma", &csr_fma_gpu);
   m.impl("neural_weight_grad", &neural_weight_grad_gpu);
   m.impl("implicit_diffusion", &implicit_diffusion_gpu);

@@ -317,43 +317,6 @@ inline std::tuple<Tensor, Tensor> neural_edge_weights_backward_gpu(
   return {grad_p, grad_q};
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> neural_diffusion_step_gpu(
-    const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& p, const Tensor& q,
-    const Tensor& chi, const Tensor& x, const Tensor& z, double mu, double eps) {
-  const int64_t n = check_neural_diffusion_step_args(rowptr, col, a, p, q, chi, x, z, mu, eps);
-  DeviceScope scope(x);
-  const auto stream = scope.stream();
-  const int64_t m = col.numel();
-  Tensor w = at::empty({m}, x.options());
-  Tensor kappa = at::empty({n}, x.options());
-  Tensor z_next = at::empty_like(x, at::MemoryFormat::Contiguous);
-  if (n == 0) return {z_next, w, kappa};
-  const Tensor rp = rowptr.contiguous();
-  const Tensor cl = index32(col, n);
-  const Tensor ac = a.contiguous(), pc = p.contiguous(), qc = q.contiguous();
-  const Tensor xc = x.contiguous(), zc = z.contiguous(), chic = chi.contiguous();
-  const Schedule s = build_schedule(rp, m, stream);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neural_diffusion_step", [&] {
-    const int64_t h = p.size(1), d = x.size(1);
-    const int vec = vector_width<scalar_t>({h, d}, {&pc, &qc, &xc, &zc, &z_next});
-    RowPass<scalar_t> pass(s, rp, cl, d, h, true, false, vec, x.options());
-    auto& A = pass.args;
-    A.a = ac.data_ptr<scalar_t>();
-    A.p = pc.data_ptr<scalar_t>();
-    A.q = qc.data_ptr<scalar_t>();
-    A.eps = static_cast<scalar_t>(eps);
-    A.w_out = w.data_ptr<scalar_t>();
-    A.kappa_out = kappa.data_ptr<scalar_t>();
-    A.chi = chic.data_ptr<scalar_t>();
-    A.inv_mu = static_cast<scalar_t>(1.0 / mu);
-    A.b = xc.data_ptr<scalar_t>();
-    A.y = zc.data_ptr<scalar_t>();
-    A.out = z_next.data_ptr<scalar_t>();
-    pass.run(stream);
-  });
-  return {z_next, w, kappa};
-}
-
 // out = b + cy y + rs (W y) (rs undefined: 1) over the CSR (rowptr, col32).
 inline Tensor cached_pass(const Tensor& rowptr, const Tensor& col32, const Tensor& w,
                           const Tensor& b, const Tensor& cy, const Tensor& rs, const Tensor& y,
@@ -381,29 +344,13 @@ inline Tensor cached_pass(const Tensor& rowptr, const Tensor& col32, const Tenso
 inline Tensor diffusion_step_gpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,
                                  const Tensor& chi, const Tensor& kappa, const Tensor& x,
                                  const Tensor& z, double mu) {
-  const int64_t n = check_cached_step_args(rowptr, col, w, chi, kappa, x, z, mu, /*adjoint=*/false);
+  const int64_t n = check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu);
   DeviceScope scope(x);
   const auto stream = scope.stream();
   Tensor cy, ca;
   std::tie(cy, ca) = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
   return cached_pass(rowptr.contiguous(), index32(col, n), w.contiguous(), x.contiguous(), cy,
                      ca, z.contiguous(), stream);
-}
-
-inline Tensor adjoint_step_gpu(const Tensor& t_rowptr, const Tensor& t_col, const Tensor& t_w,
-                               const Tensor& chi, const Tensor& kappa, const Tensor& g,
-                               const Tensor& u, double mu) {
-  const int64_t n =
-      check_cached_step_args(t_rowptr, t_col, t_w, chi, kappa, g, u, mu, /*adjoint=*/true);
-  DeviceScope scope(g);
-  const auto stream = scope.stream();
-  Tensor cy, ca;
-  std::tie(cy, ca) = coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu, stream);
-  const Tensor t_cl = t_col.contiguous();
-  // entry (j, i) of W^T carries W_ij ca_i (as adjoint_weights in ops_cpu.cpp)
-  const Tensor scaled = t_w.contiguous() * ca.index_select(0, t_cl);
-  return cached_pass(t_rowptr.contiguous(), index32(t_cl, n), scaled, g.contiguous(), cy,
-                     Tensor(), u.contiguous(), stream);
 }
 
 inline Tensor csr_fma_gpu(const Tensor& rowptr, const Tensor& col, const Tensor& w,

@@ -22,9 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("t_perm") = py::none());
   m.def("neural_edge_weights", &neural_edge_weights_gpu);
   m.def("neural_edge_weights_backward", &neural_edge_weights_backward_gpu);
-  m.def("neural_diffusion_step", &neural_diffusion_step_gpu);
   m.def("diffusion_step", &diffusion_step_gpu);
-  m.def("adjoint_step", &adjoint_step_gpu);
   m.def("csr_fma", &csr_fma_gpu);
   m.def("neural_weight_grad", &neural_weight_grad_gpu);
   m.def("implicit_diffusion", &implicit_diffusion_gpu);
