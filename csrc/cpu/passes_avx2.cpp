@@ -1,4 +1,8 @@
 // The CPU passes compiled for AVX2 + FMA (run only where the CPU has them, see dispatch.cpp).
+// The templates of laplacian_math.h are instantiated below on vectors of this target's width;
+// GCC warns that returning one changes their ABI, as they are defined for the baseline target.
+// They are always inlined, so no call returns one.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "cpu/passes_common.h"
 
 #if DIGNN_CPU_MULTI_ISA

@@ -39,10 +39,10 @@ inline void prefetch_row(const T* row, int64_t len) {
 }
 
 // ------------------------------------------------------- edge scalars, many at a time --
-// The per-edge formulas of laplacian_math.h (neural_edge_weight and
-// neural_edge_weight_partials), evaluated over a row's edges at once. glibc's scalar tanhf
-// costs more than the rest of an edge, so float uses tanh_abs_vec below (within a few ulp,
-// tested against the float64 path); double keeps the exact scalar functions.
+// The per-edge formulas of laplacian_math.h (edge_weight, edge_grad_scalars), evaluated over a
+// row's edges at once. glibc's scalar tanhf costs more than the rest of an edge, so float
+// feeds them the factors of tanh_abs_vec below (within a few ulp, tested against the float64
+// path); double keeps the exact scalar functions.
 
 typedef float FVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
 typedef int32_t IVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
@@ -103,43 +103,41 @@ inline void edge_weights_batch(const float* a, const float* pi, const float* rho
                                float* w, int64_t count) {
   int64_t e = 0;
   for (; e + kFloatLanes <= count; e += kFloatLanes) {
-    const FVec t = tanh_abs_vec(1.0f / (load_f(rho + e) + eps), nullptr);
+    const FVec t = tanh_abs_vec(inverse_distance(load_f(rho + e), eps), nullptr);
     const FVec phi = tanh_abs_vec(load_f(pi + e), nullptr);
-    store_f(w + e, load_f(a + e) * t * phi);
+    store_f(w + e, edge_weight(load_f(a + e), t, phi));
   }
   for (; e < count; ++e) w[e] = neural_edge_weight(a[e], pi[e], rho[e], eps);
 }
 
-// From the edge gradient g[e]: cp[e] = g dW/dpi, cq[e] = g dW/drho / rho (0 at rho = 0).
-inline void edge_partials_batch(const double* a, const double* g, const double* pi,
-                                const double* rho, double eps, double* cp, double* cq,
-                                int64_t count) {
+// From the edge gradient g[e]: (cp[e], cq[e]) = neural_edge_grad_scalars(a, g, pi, rho, eps).
+inline void edge_grad_batch(const double* a, const double* g, const double* pi,
+                            const double* rho, double eps, double* cp, double* cq,
+                            int64_t count) {
   for (int64_t e = 0; e < count; ++e) {
-    const EdgeWeightPartials<double> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
-    cp[e] = g[e] * d.dw_dpi;
-    cq[e] = rho[e] > 0.0 ? g[e] * d.dw_drho / rho[e] : 0.0;
+    const EdgeGradScalars<double> c = neural_edge_grad_scalars(a[e], g[e], pi[e], rho[e], eps);
+    cp[e] = c.cp;
+    cq[e] = c.cq;
   }
 }
 
-inline void edge_partials_batch(const float* a, const float* g, const float* pi,
-                                const float* rho, float eps, float* cp, float* cq,
-                                int64_t count) {
+inline void edge_grad_batch(const float* a, const float* g, const float* pi, const float* rho,
+                            float eps, float* cp, float* cq, int64_t count) {
   int64_t e = 0;
   for (; e + kFloatLanes <= count; e += kFloatLanes) {
-    const FVec p = load_f(pi + e), r = load_f(rho + e), ae = load_f(a + e), ge = load_f(g + e);
-    const FVec s = 1.0f / (r + eps);
-    FVec t_s2, phi_s2;  // 1 - tanh^2
-    const FVec t = tanh_abs_vec(s, &t_s2);
-    const FVec phi = tanh_abs_vec(p, &phi_s2);
-    const FVec sign = p > 0.0f ? FVec{} + 1.0f : (p < 0.0f ? FVec{} - 1.0f : FVec{});
-    store_f(cp + e, ge * (ae * t * phi_s2 * sign));
-    const FVec dw_drho = -ae * phi * t_s2 * s * s;
-    store_f(cq + e, r > 0.0f ? ge * dw_drho / (r > 0.0f ? r : FVec{} + 1.0f) : FVec{});
+    const FVec p = load_f(pi + e), r = load_f(rho + e);
+    EdgeTanhFactors<FVec> f;
+    f.s = inverse_distance(r, eps);
+    f.t = tanh_abs_vec(f.s, &f.t_s2);
+    f.phi = tanh_abs_vec(p, &f.phi_s2);
+    const EdgeGradScalars<FVec> c = edge_grad_scalars(load_f(a + e), load_f(g + e), p, r, f);
+    store_f(cp + e, c.cp);
+    store_f(cq + e, c.cq);
   }
   for (; e < count; ++e) {
-    const EdgeWeightPartials<float> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
-    cp[e] = g[e] * d.dw_dpi;
-    cq[e] = rho[e] > 0.0f ? g[e] * d.dw_drho / rho[e] : 0.0f;
+    const EdgeGradScalars<float> c = neural_edge_grad_scalars(a[e], g[e], pi[e], rho[e], eps);
+    cp[e] = c.cp;
+    cq[e] = c.cq;
   }
 }
 
@@ -481,8 +479,8 @@ void weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p, 
           s.pi[e] = dot(p_i, p + j * h, h);
           s.rho[e] = dignn_sqrt(dist_sq(q_i, q + j * h, h));
         }
-        edge_partials_batch((in_edges ? t_a : a) + k0, s.g.data(), s.pi.data(), s.rho.data(),
-                            eps, s.cp.data(), s.cq.data(), k1 - k0);
+        edge_grad_batch((in_edges ? t_a : a) + k0, s.g.data(), s.pi.data(), s.rho.data(), eps,
+                        s.cp.data(), s.cq.data(), k1 - k0);
         accumulate_projection_grads(nbr + k0, k1 - k0, s.cp.data(), s.cq.data(), p, q, q_i, h,
                                     gp, gq);
       }

@@ -174,11 +174,10 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
             T new_cp = T(0), new_cq = T(0);
             if (u < valid) {
               const T g = formed ? s_g[u] : cq[u];
-              const T rho = dignn_sqrt(s_r2[u]);
-              const EdgeWeightPartials<T> dw = neural_edge_weight_partials(cp[u], s_pi[u], rho,
-                                                                           A.eps);
-              new_cp = g * dw.dw_dpi;
-              new_cq = rho > T(0) ? g * dw.dw_drho / rho : T(0);
+              const EdgeGradScalars<T> c =
+                  neural_edge_grad_scalars(cp[u], g, s_pi[u], dignn_sqrt(s_r2[u]), A.eps);
+              new_cp = c.cp;
+              new_cq = c.cq;
             }
             cp[u] = new_cp;
             cq[u] = new_cq;
