@@ -1,8 +1,8 @@
-// The CPU row passes, written once and compiled for several instruction sets: each
-// csrc/cpu/passes_<isa>.cpp defines DIGNN_VEC_BYTES (16, 32 or 64), switches the compiler's
-// target and includes this file inside namespace dignn::cpu::<isa>; dispatch.cpp picks one at
-// run time. Math: csrc/dignn/laplacian_math.h. Headers must be included *before* this file, so
-// that only the code below is compiled for the wider target.
+// The CPU row passes, written once and compiled for several instruction sets: passes_isa.h
+// includes this file inside namespace dignn::cpu::<isa> with DIGNN_VEC_BYTES (16, 32 or 64)
+// and the compiler's target switched; dispatch.cpp picks one at run time. Math:
+// csrc/dignn/laplacian_math.h. Headers must be included *before* this file, so that only the
+// code below is compiled for the wider target.
 //
 // Speed: a row's channel sums are held in kAcc vector registers (GCC/Clang vector types), so a
 // CSR row is one streaming loop of loads and FMAs; dot products keep several independent
