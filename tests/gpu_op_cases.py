@@ -17,7 +17,7 @@ OP_NAMES = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_st
 
 def hub_graph(n=400, directed=None, seed=0, extra=3):
     """A graph whose node 0 is linked with every other node (row 0 has n - 1 neighbours, far
-    beyond one work item of the GPU kernels) plus `extra` random edges per node.
+    beyond one segment of the GPU kernels: a heavy row) plus `extra` random edges per node.
     directed=None: both ways; "in": only j -> 0 (row 0 of the CSR is heavy); "out": only
     0 -> j (row 0 of the transposed CSR is heavy)."""
     g = torch.Generator().manual_seed(seed)

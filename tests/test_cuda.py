@@ -73,7 +73,8 @@ def test_channel_layouts(d, h, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("kind", ["hub", "hub_in", "hub_out"])
 def test_heavy_rows(kind, dtype):
-    """A row of 599 neighbours is 5 work items, combined in order (CSR, transposed, both)."""
+    """A row of 599 neighbours is a heavy row of 5 segments, combined in order (CSR,
+    transposed, both)."""
     check_against_cpu(cuda_run, graph_case(kind, n=600, d=8, h=8, dtype=dtype), max_iter=5,
                       context=kind)
 

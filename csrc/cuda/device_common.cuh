@@ -95,7 +95,7 @@ DIGNN_DEV T dist_sq(const Pack<T, V>& a, const Pack<T, V>& b) {
   return s;
 }
 
-// G consecutive lanes of a warp working on one item. All lanes of a group follow the same
+// G consecutive lanes of a warp working on one segment. All lanes of a group follow the same
 // control flow, so the shuffles below name exactly the group's lanes in their mask.
 template <int G>
 struct Group {
@@ -121,7 +121,7 @@ struct Group {
   }
 };
 
-// Schedule accessors (column c: 0 items, 1 heavy slots, 2 heavy rows).
+// Schedule accessors (column c: kScheduleSegments, kScheduleHeavySlots, kScheduleHeavyRows).
 DIGNN_DEV int64_t sched_total(const ScheduleView& s, int c) {
   return s.n > 0 ? s.incl[c * s.n + s.n - 1] : 0;
 }
@@ -132,25 +132,26 @@ DIGNN_DEV int64_t sched_upto(const ScheduleView& s, int64_t row, int c) {
   return s.incl[c * s.n + row];
 }
 
-// The item a group works on, resolved to its row and edge range.
-struct Item {
+// The segment a group works on, resolved to its row and edge range.
+struct Segment {
   int64_t row;
   int64_t k0, k1;  // edges [k0, k1) of the row
-  int64_t seg;     // segment index within the row
-  int64_t nseg;    // segments of the row
-  int64_t slot;    // heavy rows: partial slot of this segment
+  int64_t index;   // segment index within the row
+  int64_t nseg;    // segments of the row (more than one: a heavy row)
+  int64_t slot;    // heavy rows: partial-sum slot of this segment
 };
 
-DIGNN_DEV Item resolve_item(const ScheduleView& s, const int64_t* rowptr, int64_t item) {
-  Item it;
-  it.row = s.item_row[item];
-  const int64_t first = sched_before(s, it.row, 0);
-  it.nseg = sched_upto(s, it.row, 0) - first;
-  it.seg = item - first;
-  it.k0 = rowptr[it.row] + it.seg * kSegmentEdges;
-  it.k1 = min_of<int64_t>(it.k0 + kSegmentEdges, rowptr[it.row + 1]);
-  it.slot = sched_before(s, it.row, 1) + it.seg;
-  return it;
+DIGNN_DEV Segment resolve_segment(const ScheduleView& s, const int64_t* rowptr,
+                                  int64_t segment) {
+  Segment sg;
+  sg.row = s.segment_row[segment];
+  const int64_t first = sched_before(s, sg.row, kScheduleSegments);
+  sg.nseg = sched_upto(s, sg.row, kScheduleSegments) - first;
+  sg.index = segment - first;
+  sg.k0 = rowptr[sg.row] + sg.index * kSegmentEdges;
+  sg.k1 = min_of<int64_t>(sg.k0 + kSegmentEdges, rowptr[sg.row + 1]);
+  sg.slot = sched_before(s, sg.row, kScheduleHeavySlots) + sg.index;
+  return sg;
 }
 
 // Writes this block's two sums (per group values, in group order) to out[2 * block + {0, 1}].
@@ -174,6 +175,29 @@ DIGNN_DEV void store_block_norms(double diff_sq, double out_sq, int lane, int gr
     out[2 * simt::block_idx()] = a;
     out[2 * simt::block_idx() + 1] = b;
   }
+}
+
+// Runs launch(vec, group), both std::integral_constant<int, ...>, with the plan's elements per
+// channel vector (4 only for float32) and lanes per group as compile-time values; returns its
+// launch status. (Host code of the launchers.)
+template <typename T, typename Launch>
+int launch_with_shape(const PassPlan& plan, Launch&& launch) {
+  const auto with_group = [&](auto vec) {
+    switch (plan.group) {
+      case 4:
+        return launch(vec, std::integral_constant<int, 4>{});
+      case 8:
+        return launch(vec, std::integral_constant<int, 8>{});
+      case 16:
+        return launch(vec, std::integral_constant<int, 16>{});
+      default:
+        return launch(vec, std::integral_constant<int, 32>{});
+    }
+  };
+  if constexpr (std::is_same<T, float>::value) {
+    if (plan.vec == 4) return with_group(std::integral_constant<int, 4>{});
+  }
+  return with_group(std::integral_constant<int, 1>{});
 }
 
 }  // namespace DIGNN_SIMT_NS

@@ -96,12 +96,12 @@ int vector_width(std::initializer_list<int64_t> widths, std::initializer_list<co
   return 4;
 }
 
-// The work items of one CSR (launch.h), built on the device from rowptr.
+// The segments of one CSR (launch.h), built on the device from rowptr.
 struct Schedule {
-  Tensor incl, item_row, heavy_row;
+  Tensor incl, segment_row, heavy_row;
   int64_t n = 0, m = 0;
   ScheduleView view() const {
-    return {incl.data_ptr<int64_t>(), item_row.data_ptr<int32_t>(),
+    return {incl.data_ptr<int64_t>(), segment_row.data_ptr<int32_t>(),
             heavy_row.data_ptr<int32_t>(), n};
   }
 };
@@ -122,10 +122,10 @@ inline Schedule build_schedule(const Tensor& rowptr, int64_t m, simt::Stream str
     Tensor dst = s.incl.select(0, c);
     at::cumsum_out(dst, counts.select(0, c), 0);
   }
-  s.item_row = at::empty({max_items(s.n, m)}, i64.dtype(at::kInt));
+  s.segment_row = at::empty({max_segments(s.n, m)}, i64.dtype(at::kInt));
   s.heavy_row = at::empty({max_heavy_rows(m)}, i64.dtype(at::kInt));
   check_status(launch_schedule_fill(s.incl.data_ptr<int64_t>(), s.n,
-                                    s.item_row.data_ptr<int32_t>(),
+                                    s.segment_row.data_ptr<int32_t>(),
                                     s.heavy_row.data_ptr<int32_t>(), stream),
                "schedule_fill");
   return s;
@@ -249,7 +249,7 @@ void gradient_pass(const Schedule& s, const Tensor& rowptr, const Tensor& col32,
   Tensor partial = at::empty({max_heavy_slots(s.m) * grad_partial_stride(A.h)}, p.options());
   A.partial = partial.data_ptr<T>();
   Tensor scratch;
-  if (A.h / vec > A.plan.group * kVecsPerLane) {  // h spans several channel blocks
+  if (A.h / vec > A.plan.group * kCudaVecsPerLane) {  // h spans several channel blocks
     scratch = at::empty({2 * std::max<int64_t>(s.m, 1)}, p.options());
     A.edge_scratch = scratch.data_ptr<T>();
   }

@@ -3,7 +3,7 @@
 // host code of the CUDA build, testable without a GPU. Built on demand by
 // tests/test_cuda_emulated.py (torch.utils.cpp_extension.load); never part of the package.
 #define DIGNN_SIMT_EMULATION 1
-// Rows of more than 8 edges are split into work items, so that the tests' small graphs
+// Rows of more than 8 edges are heavy rows, cut into segments, so that the tests' small graphs
 // exercise the heavy-row kernels as much as the rest (the CUDA build uses 128).
 #define DIGNN_SEGMENT_EDGES 8
 
