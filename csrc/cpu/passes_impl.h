@@ -336,8 +336,8 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
 }
 
 template <typename T, typename I>
-StepNorms cached_step_t(const int64_t* rowptr, const I* col, const T* w, const T* b,
-                        const T* cy, const T* rs, const T* y, int64_t n, int64_t d, T* out) {
+StepNorms row_pass_t(const int64_t* rowptr, const I* col, const T* w, const T* b, const T* cy,
+                     const T* rs, const T* y, int64_t n, int64_t d, T* out) {
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   std::vector<StepNorms> parts(chunks.size());
   parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
@@ -429,10 +429,10 @@ struct EdgeScratch {
 };
 
 template <typename T, typename I>
-void weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
-                   int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d,
-                   const T* gw, const int64_t* t_rowptr, const I* t_col, const T* t_a,
-                   const T* t_gw, T* grad_p, T* grad_q) {
+void grad_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
+                 int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d, const T* gw,
+                 const int64_t* t_rowptr, const I* t_col, const T* t_a, const T* t_gw,
+                 T* grad_p, T* grad_q) {
   const bool transposed = t_rowptr != nullptr;
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   parallel_for_rows(chunks, [&](int64_t, int64_t row_begin, int64_t row_end) {

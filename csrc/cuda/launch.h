@@ -1,4 +1,4 @@
-// What the host code of the CUDA ops (csrc/cuda/ops_impl.h) hands to the kernels: plain
+// What the host code of the CUDA ops (csrc/cuda/device_*.h) hands to the kernels: plain
 // argument structs, the launch plan, and the launchers. No ATen here, so that the .cu files
 // compile quickly; the math is in csrc/dignn/laplacian_math.h, the schedule's vocabulary and
 // constants in csrc/dignn/schedule.h.
@@ -41,7 +41,7 @@ constexpr int kScheduleSegments = 0;
 constexpr int kScheduleHeavySlots = 1;
 constexpr int kScheduleHeavyRows = 2;
 
-// The segments of one CSR, built by build_schedule (ops_impl.h).
+// The segments of one CSR, built by make_device_csr (device_csr.h).
 struct ScheduleView {
   const int64_t* incl;         // [3][n] inclusive sums over rows of: segments, heavy-row slots,
                                // heavy rows (one per heavy row)

@@ -1,7 +1,6 @@
-// Argument checks of the dignn ops, written once for every backend: the CPU ops
-// (csrc/cpu/ops_cpu.cpp) and the GPU host code (csrc/cuda/ops_impl.h, also compiled for the
-// kernels' host emulator) call the same functions, so a bad argument gets the same message
-// everywhere.
+// Argument checks of the dignn ops, called by the ops' code that every backend shares
+// (csrc/ops/building_blocks.h, csrc/ops/solve.h; on the GPU also compiled for the kernels'
+// host emulator), so a bad argument gets the same message everywhere.
 //
 // Two kinds:
 // - shape, dtype and device checks, O(1): every op runs them first (check_*_args below), in
