@@ -142,47 +142,42 @@ inline void edge_grad_batch(const float* a, const float* g, const float* pi, con
 }
 
 // ------------------------------------------------------------ dot-product reductions --
-// Sum over c of f(u[c], v[c], ...) with 4 independent vector partial sums.
+// Sum over c of f(u[c], v[c], ...) with independent vector partial sums.
 
-template <typename T>
-inline T dot(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+// sum_c term(u[c], v[c]), term applied to vectors and then to the scalars of the tail, with 4
+// vector partial sums.
+template <typename T, typename Term>
+inline T sum_of_terms(const T* __restrict__ u, const T* __restrict__ v, int64_t len,
+                      const Term& term) {
   using S = Simd<T>;
+  constexpr int64_t L = S::kLanes;
   typename S::vec s0{}, s1{}, s2{}, s3{};
   int64_t c = 0;
-  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
-    s0 += S::load(u + c) * S::load(v + c);
-    s1 += S::load(u + c + S::kLanes) * S::load(v + c + S::kLanes);
-    s2 += S::load(u + c + 2 * S::kLanes) * S::load(v + c + 2 * S::kLanes);
-    s3 += S::load(u + c + 3 * S::kLanes) * S::load(v + c + 3 * S::kLanes);
+  for (; c + 4 * L <= len; c += 4 * L) {
+    s0 += term(S::load(u + c), S::load(v + c));
+    s1 += term(S::load(u + c + L), S::load(v + c + L));
+    s2 += term(S::load(u + c + 2 * L), S::load(v + c + 2 * L));
+    s3 += term(S::load(u + c + 3 * L), S::load(v + c + 3 * L));
   }
-  for (; c + S::kLanes <= len; c += S::kLanes) s0 += S::load(u + c) * S::load(v + c);
+  for (; c + L <= len; c += L) s0 += term(S::load(u + c), S::load(v + c));
   T s = S::sum((s0 + s1) + (s2 + s3));
-  for (; c < len; ++c) s += u[c] * v[c];
+  for (; c < len; ++c) s += term(u[c], v[c]);
   return s;
 }
 
+// u . v
+template <typename T>
+inline T dot(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+  return sum_of_terms(u, v, len, [](auto a, auto b) { return a * b; });
+}
+
+// ||u - v||^2
 template <typename T>
 inline T dist_sq(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
-  using S = Simd<T>;
-  typename S::vec s0{}, s1{}, s2{}, s3{};
-  int64_t c = 0;
-  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
-    const auto t0 = S::load(u + c) - S::load(v + c);
-    const auto t1 = S::load(u + c + S::kLanes) - S::load(v + c + S::kLanes);
-    const auto t2 = S::load(u + c + 2 * S::kLanes) - S::load(v + c + 2 * S::kLanes);
-    const auto t3 = S::load(u + c + 3 * S::kLanes) - S::load(v + c + 3 * S::kLanes);
-    s0 += t0 * t0;
-    s1 += t1 * t1;
-    s2 += t2 * t2;
-    s3 += t3 * t3;
-  }
-  for (; c + S::kLanes <= len; c += S::kLanes) {
-    const auto t = S::load(u + c) - S::load(v + c);
-    s0 += t * t;
-  }
-  T s = S::sum((s0 + s1) + (s2 + s3));
-  for (; c < len; ++c) s += (u[c] - v[c]) * (u[c] - v[c]);
-  return s;
+  return sum_of_terms(u, v, len, [](auto a, auto b) {
+    const auto t = a - b;
+    return t * t;
+  });
 }
 
 // (a_i - a_j) . (b_j - b_i) when kBoth, else a_i . (b_j - b_i)

@@ -28,7 +28,19 @@ DIGNN_DEV Pack<T, V> zero_pack() {
   return p;
 }
 
-// Load of data that no thread writes during the kernel.
+// Plain load (data this kernel writes elsewhere, or wrote itself).
+template <typename T, int V>
+DIGNN_DEV Pack<T, V> load_rw(const T* ptr) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const Pack<T, V>*>(ptr);
+#else
+  Pack<T, V> p;
+  std::memcpy(p.v, ptr, sizeof(p.v));
+  return p;
+#endif
+}
+
+// Load of data that no thread writes during the kernel: the read-only data path on the GPU.
 template <typename T, int V>
 DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
 #if defined(__CUDACC__)
@@ -44,26 +56,9 @@ DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
     Pack<T, V> p;
     p.v[0] = __ldg(ptr);
     return p;
-  } else {
-    return *reinterpret_cast<const Pack<T, V>*>(ptr);
   }
-#else
-  Pack<T, V> p;
-  std::memcpy(p.v, ptr, sizeof(p.v));
-  return p;
 #endif
-}
-
-// Plain load (data this kernel writes elsewhere, or wrote itself).
-template <typename T, int V>
-DIGNN_DEV Pack<T, V> load_rw(const T* ptr) {
-#if defined(__CUDACC__)
-  return *reinterpret_cast<const Pack<T, V>*>(ptr);
-#else
-  Pack<T, V> p;
-  std::memcpy(p.v, ptr, sizeof(p.v));
-  return p;
-#endif
+  return load_rw<T, V>(ptr);
 }
 
 template <typename T, int V>
@@ -93,6 +88,15 @@ DIGNN_DEV T dist_sq(const Pack<T, V>& a, const Pack<T, V>& b) {
     s = simt::madd(t, t, s);
   }
   return s;
+}
+
+// pi += p_i . p_j and r2 += ||q_i - q_j||^2 over one channel vector of each (the edge's
+// pi_ij and rho_ij^2, eq. 13-14, summed vector by vector).
+template <typename T, int V>
+DIGNN_DEV void add_edge_metrics(const Pack<T, V>& p_i, const Pack<T, V>& p_j,
+                                const Pack<T, V>& q_i, const Pack<T, V>& q_j, T& pi, T& r2) {
+  pi += dot<T, V>(p_i, p_j);
+  r2 += dist_sq<T, V>(q_i, q_j);
 }
 
 // G consecutive lanes of a warp working on one segment. All lanes of a group follow the same
@@ -152,6 +156,44 @@ DIGNN_DEV Segment resolve_segment(const ScheduleView& s, const int64_t* rowptr,
   sg.k1 = min_of<int64_t>(sg.k0 + kSegmentEdges, rowptr[sg.row + 1]);
   sg.slot = sched_before(s, sg.row, kScheduleHeavySlots) + sg.index;
   return sg;
+}
+
+// The group walks a segment's edges G at a time: lane l holds edge kb + l, whose values
+// load(e) reads one batch ahead (an empty slot for e >= sg.k1). For each batch,
+// body(e, count, slot): this lane's edge e = kb + lane and its slot; count, the real edges of
+// the batch.
+template <int G, typename Load, typename Body>
+DIGNN_DEV void for_each_edge_batch(const Segment& sg, int lane, const Load& load,
+                                   const Body& body) {
+  auto cur = load(sg.k0 + lane);
+  for (int64_t kb = sg.k0; kb < sg.k1; kb += G) {
+    const int64_t e = kb + lane;
+    const auto next = load(e + G);
+    body(e, static_cast<int>(min_of<int64_t>(G, sg.k1 - kb)), cur);
+    cur = next;
+  }
+}
+
+// For the channel vectors vi = first, first + G, ... < nvec of two node signals x and y (rows
+// of `width` channels; x_row and y_row: the rows of the segment's node) and each of the first
+// `valid` edges u of a batch, with j = j[u]: f(u, x_row, y_row, x_j, y_j), each the vector vi
+// of that row.
+template <typename T, int V, int G, int U, typename F>
+DIGNN_DEV void for_each_neighbour_vector(int64_t first, int64_t nvec, int64_t width,
+                                         const T* x, const T* y, const T* x_row,
+                                         const T* y_row, const int32_t (&j)[U], int valid,
+                                         const F& f) {
+  for (int64_t vi = first; vi < nvec; vi += G) {
+    const Pack<T, V> xv = load_ro<T, V>(x_row + vi * V);
+    const Pack<T, V> yv = load_ro<T, V>(y_row + vi * V);
+    DIGNN_UNROLL
+    for (int u = 0; u < U; ++u) {
+      if (u < valid) {
+        const int64_t off = static_cast<int64_t>(j[u]) * width + vi * V;
+        f(u, xv, yv, load_ro<T, V>(x + off), load_ro<T, V>(y + off));
+      }
+    }
+  }
 }
 
 // Writes this block's two sums (per group values, in group order) to out[2 * block + {0, 1}].

@@ -78,14 +78,11 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
       }
       return slot;
     };
-    GradEdgeSlot<T> cur = edge_values(sg.k0 + lane);
-    for (int64_t kb = sg.k0; kb < sg.k1; kb += G) {
-      const int64_t e = kb + lane;
+    for_each_edge_batch<G>(sg, lane, edge_values, [&](int64_t e, int count,
+                                                      const GradEdgeSlot<T>& mine) {
       const bool edge_valid = e < sg.k1;
-      const GradEdgeSlot<T> next = edge_values(e + G);
-      const int32_t j_lane = cur.j;
-      const T s0_lane = cur.s0, s1_lane = cur.s1;
-      const int count = static_cast<int>(min_of<int64_t>(G, sg.k1 - kb));
+      const int32_t j_lane = mine.j;
+      const T s0_lane = mine.s0, s1_lane = mine.s1;
       T cp_mine = T(0), cq_mine = T(0);
       for (int eb = 0; eb < count; eb += U) {
         const int valid = count - eb;
@@ -117,32 +114,21 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
             s_pi[u] = s_r2[u] = s_g[u] = T(0);
             DIGNN_UNROLL
             for (int t = 0; t < kCudaVecsPerLane; ++t) {  // vectors lane + t G, in order
-              s_pi[u] += dot<T, V>(pi_blk[t], pj[u][t]);
-              s_r2[u] += dist_sq<T, V>(qi_blk[t], qj[u][t]);
+              add_edge_metrics<T, V>(pi_blk[t], pj[u][t], qi_blk[t], qj[u][t], s_pi[u], s_r2[u]);
             }
           }
-          for (int64_t vh = lane + kCudaVecsPerLane * G; vh < nvec_h; vh += G) {  // wide h
-            const Pack<T, V> pv = load_ro<T, V>(p_i + vh * V);
-            const Pack<T, V> qv = load_ro<T, V>(q_i + vh * V);
-            DIGNN_UNROLL
-            for (int u = 0; u < U; ++u) {
-              if (u < valid) {
-                const int64_t off = static_cast<int64_t>(j[u]) * h + vh * V;
-                s_pi[u] += dot<T, V>(pv, load_ro<T, V>(A.p + off));
-                s_r2[u] += dist_sq<T, V>(qv, load_ro<T, V>(A.q + off));
-              }
-            }
-          }
+          // wide h: the vectors beyond block 0
+          for_each_neighbour_vector<T, V, G>(
+              lane + kCudaVecsPerLane * G, nvec_h, h, A.p, A.q, p_i, q_i, j, valid,
+              [&](int u, const Pack<T, V>& pv, const Pack<T, V>& qv, const Pack<T, V>& pj_v,
+                  const Pack<T, V>& qj_v) {
+                add_edge_metrics<T, V>(pv, pj_v, qv, qj_v, s_pi[u], s_r2[u]);
+              });
           if (formed) {  // dl/dW of the edge from v and z
-            for (int64_t vd = lane; vd < nvec_d; vd += G) {
-              const Pack<T, V> vi = load_ro<T, V>(v_i + vd * V);
-              const Pack<T, V> zi = load_ro<T, V>(z_i + vd * V);
-              DIGNN_UNROLL
-              for (int u = 0; u < U; ++u) {
-                if (u < valid) {
-                  const int64_t off = static_cast<int64_t>(j[u]) * d + vd * V;
-                  const Pack<T, V> vj = load_ro<T, V>(A.v + off);
-                  const Pack<T, V> zj = load_ro<T, V>(A.z + off);
+            for_each_neighbour_vector<T, V, G>(
+                lane, nvec_d, d, A.v, A.z, v_i, z_i, j, valid,
+                [&](int u, const Pack<T, V>& vi, const Pack<T, V>& zi, const Pack<T, V>& vj,
+                    const Pack<T, V>& zj) {
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) {
                     T lhs, rhs;
@@ -158,9 +144,7 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
                     }
                     s_g[u] = simt::madd(lhs, rhs, s_g[u]);
                   }
-                }
-              }
-            }
+                });
           }
           DIGNN_UNROLL
           for (int u = 0; u < U; ++u) {
@@ -203,8 +187,7 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         A.edge_scratch[2 * e] = cp_mine;
         A.edge_scratch[2 * e + 1] = cq_mine;
       }
-      cur = next;
-    }
+    });
 
     if (!heavy) {
       DIGNN_UNROLL
@@ -271,7 +254,7 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T> A) {
 
 // The segment kernel, then the heavy-row kernel.
 template <typename T>
-int run_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
+int launch_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     const auto kernel = &grad_pass_kernel<T, decltype(vec)::value, decltype(group)::value>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);

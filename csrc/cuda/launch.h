@@ -167,6 +167,10 @@ template <typename T>
 int launch_row_pass(const RowPassArgs<T>& args, simt::Stream stream);
 template <typename T>
 int launch_grad_pass(const GradPassArgs<T>& args, simt::Stream stream);
+// Their instantiations for float and double, each in its own .cu file (compiled in parallel).
+#define DIGNN_INSTANTIATE_PASS_LAUNCHER(LAUNCHER, ARGS)          \
+  template int LAUNCHER<float>(const ARGS<float>&, simt::Stream); \
+  template int LAUNCHER<double>(const ARGS<double>&, simt::Stream);
 
 int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
                            simt::Stream stream);

@@ -18,7 +18,9 @@ struct EdgeSlot {
 // Copies row y_i to out_i (a converged solve carries its result forward).
 template <typename T, int V, int G>
 DIGNN_DEV void carry_row(const T* y_i, T* out_i, int64_t nvec, int lane) {
-  for (int64_t vi = lane; vi < nvec; vi += G) store<T, V>(out_i + vi * V, load_ro<T, V>(y_i + vi * V));
+  for (int64_t vi = lane; vi < nvec; vi += G) {
+    store<T, V>(out_i + vi * V, load_ro<T, V>(y_i + vi * V));
+  }
 }
 
 // pi_u = p_i . p_{j_u} and r2_u = ||q_i - q_{j_u}||^2 for the kCudaRowUnroll edges of a
@@ -47,8 +49,7 @@ DIGNN_DEV void edge_metrics(const Group<G>& grp, const T* p, const T* q, int64_t
     }
     DIGNN_UNROLL
     for (int u = 0; u < kCudaRowUnroll; ++u) {
-      pi[u] += dot<T, V>(pv, pj[u]);
-      r2[u] += dist_sq<T, V>(qv, qj[u]);
+      add_edge_metrics<T, V>(pv, pj[u], qv, qj[u], pi[u], r2[u]);
     }
   }
   DIGNN_UNROLL
@@ -114,14 +115,11 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
           }
           return slot;
         };
-        EdgeSlot<T> cur = edge_values(sg.k0 + lane);
-        for (int64_t kb = sg.k0; kb < sg.k1; kb += G) {
-          const int64_t e = kb + lane;
+        for_each_edge_batch<G>(sg, lane, edge_values, [&](int64_t e, int count,
+                                                          const EdgeSlot<T>& mine) {
           const bool edge_valid = e < sg.k1;
-          const EdgeSlot<T> next = edge_values(e + G);
-          const int32_t j_lane = cur.j;
-          const T val_lane = cur.val;
-          const int count = static_cast<int>(min_of<int64_t>(G, sg.k1 - kb));
+          const int32_t j_lane = mine.j;
+          const T val_lane = mine.val;
           T w_mine = T(0);
           for (int eb = 0; eb < count; eb += kCudaRowUnroll) {
             const int valid = count - eb;  // edges eb + u with u < valid are real
@@ -168,8 +166,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
             }
           }
           if (make_w && edge_valid) A.w_out[e] = w_mine;
-          cur = next;
-        }
+        });
 
         if (make_w) {
           if (!heavy) {
@@ -283,7 +280,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
 
 // The segment kernel, then the heavy-row kernel.
 template <typename T>
-int run_row_pass(const RowPassArgs<T>& A, simt::Stream stream) {
+int launch_row_pass(const RowPassArgs<T>& A, simt::Stream stream) {
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
     const auto kernel =
