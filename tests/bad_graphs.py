@@ -28,7 +28,6 @@ class Inputs:
     t_perm: torch.Tensor
     a: torch.Tensor
     w: torch.Tensor
-    t_w: torch.Tensor
     grad_w: torch.Tensor
     p: torch.Tensor
     q: torch.Tensor
@@ -37,7 +36,6 @@ class Inputs:
     x: torch.Tensor
     z: torch.Tensor
     v: torch.Tensor
-    g: torch.Tensor
     cy: torch.Tensor
     rs: torch.Tensor
 
@@ -57,8 +55,8 @@ def inputs(dtype=torch.float64) -> Inputs:
     c = graph_case("directed", n=N, d=3, h=2, dtype=dtype)
     t_rowptr, t_col, t_perm = c.t
     return Inputs(rowptr=c.rowptr, col=c.col, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
-                  a=c.a, w=c.w, t_w=c.t_w, grad_w=c.grad_w, p=c.p, q=c.q, chi=c.chi,
-                  kappa=c.kappa, x=c.x, z=c.z, v=c.v, g=c.g, cy=c.cy, rs=c.rs)
+                  a=c.a, w=c.w, grad_w=c.grad_w, p=c.p, q=c.q, chi=c.chi, kappa=c.kappa,
+                  x=c.x, z=c.z, v=c.v, cy=c.cy, rs=c.rs)
 
 
 def strided(s: Inputs) -> Inputs:

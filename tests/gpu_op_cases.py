@@ -11,14 +11,13 @@ import dignn_kernels as dk
 from dignn_kernels.graph import transpose_csr
 from conftest import make_graph, rel_err
 
-OP_NAMES = ["neural_edge_weights", "neural_edge_weights_backward", "neural_diffusion_step",
-            "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
-            "implicit_diffusion", "implicit_diffusion_backward"]
+OP_NAMES = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
+            "neural_weight_grad", "implicit_diffusion", "implicit_diffusion_backward"]
 
 
 def hub_graph(n=400, directed=None, seed=0, extra=3):
     """A graph whose node 0 is linked with every other node (row 0 has n - 1 neighbours, far
-    beyond one work item of the GPU kernels) plus `extra` random edges per node.
+    beyond one segment of the GPU kernels: a heavy row) plus `extra` random edges per node.
     directed=None: both ways; "in": only j -> 0 (row 0 of the CSR is heavy); "out": only
     0 -> j (row 0 of the transposed CSR is heavy)."""
     g = torch.Generator().manual_seed(seed)
@@ -61,7 +60,6 @@ class OpInputs:
         self.mu, self.eps = 3.0, 1e-6
         self.w, self.kappa = torch.ops.dignn.neural_edge_weights(self.rowptr, self.col, self.a,
                                                                  self.p, self.q, self.eps)
-        self.t_w = self.w[self.t[2]]
 
     def calls(self, max_iter=8, tol=0.0):
         """(op name, args) for every op, with the variants that take other kernel paths."""
@@ -74,9 +72,7 @@ class OpInputs:
         out = [
             ("neural_edge_weights", (rp, cl, s.a, s.p, s.q, s.eps)),
             ("neural_edge_weights_backward", (rp, cl, s.a, s.p, s.q, s.eps, s.grad_w, *t)),
-            ("neural_diffusion_step", (rp, cl, s.a, s.p, s.q, s.chi, s.x, s.z, s.mu, s.eps)),
             ("diffusion_step", (rp, cl, s.w, s.chi, s.kappa, s.x, s.z, s.mu)),
-            ("adjoint_step", (t[0], t[1], s.t_w, s.chi, s.kappa, s.g, s.z, s.mu)),
             ("csr_fma", (rp, cl, s.w, s.z, s.x, s.cy, s.rs)),
             ("neural_weight_grad", (rp, cl, s.a, s.p, s.q, s.z, s.v, s.eps, *to)),
             ("implicit_diffusion", (rp, cl, s.a, s.x, s.chi, s.p, s.q, None, *solve, *to)),

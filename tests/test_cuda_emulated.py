@@ -3,9 +3,9 @@
 The kernels and the host code of the CUDA ops (csrc/cuda/) are compiled a second time for the
 host emulator of csrc/cuda/simt.cuh: every CUDA thread of a block an OS thread, warp shuffles
 through per-group barriers, blocks one after another. That runs the same indexing, sub-warp
-groups, channel vectors, heavy-row splits and combines, fixed-order norm reductions and
-device-side convergence flag as on a GPU, on CPU tensors, and compares every op with the CPU
-kernels. What it cannot show (speed, memory-model subtleties, CUDA graphs) is in test_cuda.py.
+groups, channel vectors, heavy rows cut into segments and combined, fixed-order norm
+reductions and device-side convergence flag as on a GPU, on CPU tensors, and compares every op
+with the CPU kernels. What it cannot show (speed, memory-model subtleties, CUDA graphs) is in test_cuda.py.
 """
 import dataclasses
 import hashlib
@@ -29,9 +29,9 @@ EMULATION_SOURCE = ROOT / "tests" / "cuda_emulation" / "emulated_ops.cpp"
 
 
 def _sources():
-    files = sorted((CSRC / "cuda").glob("*")) + [CSRC / "dignn" / "laplacian_math.h",
-                                                CSRC / "ops" / "checks.h", EMULATION_SOURCE]
-    return [f for f in files if f.is_file()]
+    """Every file the emulated build may include: the CUDA sources and the shared headers."""
+    files = [f for folder in ("cuda", "dignn", "ops") for f in sorted((CSRC / folder).glob("*"))]
+    return [f for f in files + [EMULATION_SOURCE] if f.is_file()]
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +83,10 @@ def test_channel_layouts(emu, d, h, dtype):
 @pytest.mark.parametrize("kind", ["hub", "hub_in", "hub_out"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_heavy_rows(emu, kind, dtype):
-    """Rows of several work items (segments combined in order) in the CSR, the transposed
+    """Heavy rows (several segments, combined in order) in the CSR, the transposed
     CSR, or both."""
     n = 40
-    assert n - 1 > 4 * emu.segment_edges  # the hub row is split into 5 segments
+    assert n - 1 > 4 * emu.segment_edges  # the hub row is cut into 5 segments
     check_against_cpu(runner(emu), graph_case(kind, n=n, d=8, h=8, dtype=dtype),
                       max_iter=4, context=kind)
 
@@ -104,11 +104,13 @@ def test_unaligned_rows_use_scalar_channels(emu):
     x = base[1:].view(n, 8)
     assert x.data_ptr() % 16 != 0
     x.copy_(case.x)
-    args = (case.rowptr, case.col, case.a, case.p, case.q, case.chi, x, case.z, 3.0, 1e-6)
-    got = emu.neural_diffusion_step(*args)
-    want = torch.ops.dignn.neural_diffusion_step(*args)
-    for a, b in zip(got, want):
+    args = (case.rowptr, case.col, case.a, x, case.chi, case.p, case.q, None, 3.0, 1e-6, 2, 0.0,
+            None, None, None)
+    got = emu.implicit_diffusion(*args)
+    want = torch.ops.dignn.implicit_diffusion(*args)
+    for a, b in zip(got[:3], want[:3]):  # z, w, kappa
         assert rel_err(a, b) < 5e-6
+    assert got[3][0] == want[3][0] == 2
 
 
 @pytest.mark.parametrize("tol", [1e-3, 1e-9])

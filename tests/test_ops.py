@@ -200,8 +200,8 @@ for dt in (torch.float32, torch.float64):
         x, z, v = (torch.randn(n, d, dtype=dt) for _ in range(3))
         a, deg = g.values(dt)
         chi = deg * torch.tanh(p.norm(dim=1))
-        w, k = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
-        zn = ops.diffusion_step(g.rowptr, g.col, w, chi, k, x, z, 2.2)
+        zn, w, k, _ = torch.ops.dignn.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, None,
+                                                         2.2, 1e-6, 2, 0.0, None, None, None)
         gp, gq = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v)
         out[(str(dt), d)] = [zn, w, k, gp, gq]
 torch.save(out, "PATH")

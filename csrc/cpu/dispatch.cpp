@@ -71,11 +71,6 @@ const T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-template <typename T>
-T* mut_ptr_or_null(at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-
 }  // namespace
 
 const char* isa_name() {
@@ -89,65 +84,64 @@ const char* isa_name() {
   }
 }
 
-StepNorms neural_edge_pass(const at::Tensor& rowptr, const at::Tensor& col,
-                           const at::Tensor& a, const at::Tensor& p, const at::Tensor& q,
-                           double eps, at::Tensor& w, at::Tensor& kappa,
-                           const at::Tensor& chi, const at::Tensor& x, const at::Tensor& z,
-                           double inv_mu, at::Tensor& z_next) {
+StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
+                           at::Tensor& kappa, const NeuralStep* step, const Iterates* z) {
+  const at::Tensor none;
+  const at::Tensor& y = step != nullptr ? z->current : none;
   StepNorms norms;
-  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "neural_edge_pass", [&] {
-    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "neural_edge_pass", [&] {
+  AT_DISPATCH_FLOATING_TYPES(edges.p.scalar_type(), "neural_edge_pass", [&] {
+    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "neural_edge_pass", [&] {
       norms = [&]() -> StepNorms {
-        DIGNN_CALL_ISA(neural_edge_pass_t, rowptr.data_ptr<int64_t>(),
-                       col.data_ptr<index_t>(), a.data_ptr<scalar_t>(),
-                       p.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), rowptr.numel() - 1,
-                       p.size(1), static_cast<scalar_t>(eps), w.data_ptr<scalar_t>(),
-                       kappa.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(chi),
-                       ptr_or_null<scalar_t>(x), ptr_or_null<scalar_t>(z),
-                       z.defined() ? z.size(1) : 0, static_cast<scalar_t>(inv_mu),
-                       mut_ptr_or_null<scalar_t>(z_next))
+        DIGNN_CALL_ISA(neural_edge_pass_t, csr.rowptr.data_ptr<int64_t>(),
+                       csr.col.data_ptr<index_t>(), edges.a.data_ptr<scalar_t>(),
+                       edges.p.data_ptr<scalar_t>(), edges.q.data_ptr<scalar_t>(),
+                       csr.rowptr.numel() - 1, edges.p.size(1),
+                       static_cast<scalar_t>(edges.eps), w.data_ptr<scalar_t>(),
+                       kappa.data_ptr<scalar_t>(),
+                       step != nullptr ? step->chi.data_ptr<scalar_t>() : nullptr,
+                       step != nullptr ? step->b.data_ptr<scalar_t>() : nullptr,
+                       ptr_or_null<scalar_t>(y), y.defined() ? y.size(1) : 0,
+                       static_cast<scalar_t>(step != nullptr ? step->inv_mu : 0.0),
+                       step != nullptr ? z->next.data_ptr<scalar_t>() : nullptr)
       }();
     });
   });
   return norms;
 }
 
-StepNorms cached_step(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
-                      const at::Tensor& b, const at::Tensor& cy, const at::Tensor& rs,
-                      const at::Tensor& y, at::Tensor& out) {
+StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
+                   const at::Tensor& out) {
   StepNorms norms;
-  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "cached_step", [&] {
-    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "cached_step", [&] {
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "row_pass", [&] {
+    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "row_pass", [&] {
       norms = [&]() -> StepNorms {
-        DIGNN_CALL_ISA(cached_step_t, rowptr.data_ptr<int64_t>(), col.data_ptr<index_t>(),
-                       w.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                       cy.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(rs),
-                       y.data_ptr<scalar_t>(), rowptr.numel() - 1,
-                       y.size(1), out.data_ptr<scalar_t>())
+        DIGNN_CALL_ISA(row_pass_t, csr.rowptr.data_ptr<int64_t>(), csr.col.data_ptr<index_t>(),
+                       map.w.data_ptr<scalar_t>(), map.b.data_ptr<scalar_t>(),
+                       map.cy.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(map.rs),
+                       y.data_ptr<scalar_t>(), csr.rowptr.numel() - 1, y.size(1),
+                       out.data_ptr<scalar_t>())
       }();
     });
   });
   return norms;
 }
 
-void neural_weight_grad_pass(const at::Tensor& rowptr, const at::Tensor& col,
-                             const at::Tensor& a, const at::Tensor& p, const at::Tensor& q,
-                             double eps, const at::Tensor& z, const at::Tensor& v,
-                             const at::Tensor& grad_w, const at::Tensor& t_rowptr,
-                             const at::Tensor& t_col, const at::Tensor& t_a,
-                             const at::Tensor& t_grad_w, at::Tensor& grad_p,
-                             at::Tensor& grad_q) {
-  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "neural_weight_grad", [&] {
-    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "neural_weight_grad", [&] {
+void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges, const at::Tensor& t_a,
+               const EdgeGradient& grad, at::Tensor& grad_p, at::Tensor& grad_q) {
+  const at::Tensor none;
+  const at::Tensor& t_rowptr = t_csr != nullptr ? t_csr->rowptr : none;
+  const at::Tensor& t_col = t_csr != nullptr ? t_csr->col : none;
+  AT_DISPATCH_FLOATING_TYPES(edges.p.scalar_type(), "grad_pass", [&] {
+    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "grad_pass", [&] {
       [&] {
-        DIGNN_CALL_ISA(weight_grad_t, rowptr.data_ptr<int64_t>(), col.data_ptr<index_t>(),
-                       a.data_ptr<scalar_t>(), p.data_ptr<scalar_t>(),
-                       q.data_ptr<scalar_t>(), rowptr.numel() - 1, p.size(1),
-                       static_cast<scalar_t>(eps), ptr_or_null<scalar_t>(z),
-                       ptr_or_null<scalar_t>(v), z.defined() ? z.size(1) : 0,
-                       ptr_or_null<scalar_t>(grad_w), ptr_or_null<int64_t>(t_rowptr),
+        DIGNN_CALL_ISA(grad_pass_t, csr.rowptr.data_ptr<int64_t>(), csr.col.data_ptr<index_t>(),
+                       edges.a.data_ptr<scalar_t>(), edges.p.data_ptr<scalar_t>(),
+                       edges.q.data_ptr<scalar_t>(), csr.rowptr.numel() - 1, edges.p.size(1),
+                       static_cast<scalar_t>(edges.eps), ptr_or_null<scalar_t>(grad.z),
+                       ptr_or_null<scalar_t>(grad.v), grad.z.defined() ? grad.z.size(1) : 0,
+                       ptr_or_null<scalar_t>(grad.grad_w), ptr_or_null<int64_t>(t_rowptr),
                        ptr_or_null<index_t>(t_col), ptr_or_null<scalar_t>(t_a),
-                       ptr_or_null<scalar_t>(t_grad_w), grad_p.data_ptr<scalar_t>(),
+                       ptr_or_null<scalar_t>(grad.t_grad_w), grad_p.data_ptr<scalar_t>(),
                        grad_q.data_ptr<scalar_t>())
       }();
     });

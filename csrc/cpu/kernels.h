@@ -1,12 +1,20 @@
-// CPU kernels behind the dignn ops. Each function is one pass over the CSR rows; the
-// math is in csrc/dignn/laplacian_math.h. All tensors are contiguous, on the CPU, of one
-// floating dtype (float or double); rowptr is int64, col int32 or int64.
+// The CPU kernels behind the dignn ops: each function is one pass over the CSR rows (the
+// tensors' pointers handed to passes_impl.h, compiled for the widest instruction set this CPU
+// has). The math is in csrc/dignn/laplacian_math.h. All tensors are contiguous, on the CPU, of
+// one floating dtype (float or double).
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include "ops/passes.h"
+
 namespace dignn {
 namespace cpu {
+
+// A CSR as the CPU kernels read it: rowptr int64 and col int32 or int64, both contiguous.
+struct Csr {
+  at::Tensor rowptr, col;
+};
 
 // Sums that a pass reduces over all rows: ||out - y||^2 and ||out||^2 (the residual of
 // one fixed-point step and the norm of its result).
@@ -15,36 +23,26 @@ struct StepNorms {
   double out_sq = 0.0;
 };
 
-// W_k and kappa_i = sum_k W_k (eq. 13-14). When `z` is defined this is the fused forward
-// pass: it also writes z_next_i = x_i + cy_i z_i + ca_i (W Z)_i with the coefficients made
-// from chi, the new kappa and mu (row_coefficients), and returns the step norms.
-StepNorms neural_edge_pass(const at::Tensor& rowptr, const at::Tensor& col,
-                           const at::Tensor& a, const at::Tensor& p, const at::Tensor& q,
-                           double eps, at::Tensor& w, at::Tensor& kappa,
-                           const at::Tensor& chi, const at::Tensor& x, const at::Tensor& z,
-                           double inv_mu, at::Tensor& z_next);
+// W_k and kappa_i = sum_k W_k (eq. 13-14). With `step`, the fused forward pass: it also writes
+// z.next_i = b_i + cy_i z.current_i + ca_i (W z.current)_i with the coefficients made from
+// chi, the new kappa and inv_mu (row_coefficients), and returns the step norms.
+StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
+                           at::Tensor& kappa, const NeuralStep* step, const Iterates* z);
 
-// One fixed-point pass with cached edge weights:
-//   out_i = b_i + cy_i y_i + rs_i * sum_k w_k y_{col_k}      (rs optional, undefined = 1)
+// One fixed-point pass with cached edge weights (RowMap):
+//   out_i = b_i + cy_i y_i + rs_i * sum_k w_k y_{col_k}      (rs undefined: 1)
 // Forward:  b = X, rs = ca, w = W                 (CSR of W)
 // Adjoint:  b = g, rs = 1,  w = W^T_ji ca_j       (CSR of W^T, scaled once per backward)
-StepNorms cached_step(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
-                      const at::Tensor& b, const at::Tensor& cy, const at::Tensor& rs,
-                      const at::Tensor& y, at::Tensor& out);
+StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
+                   const at::Tensor& out);
 
-// The fused gradient pass: dl/dp and dl/dq of the neural edge weights, with the edge
-// gradient G_ij either given per edge (`grad_w`, the backward of neural_edge_weights) or
-// formed in the row from the adjoint v and the equilibrium z: G_ij = v_i . (z_j - z_i).
-// With a transposed CSR (t_rowptr, t_col, t_a) the second-argument terms are gathered in
-// the transposed row (directed graphs; `t_grad_w` then holds grad_w permuted the same
-// way); without it the graph must be symmetric and both terms come from row i.
-void neural_weight_grad_pass(const at::Tensor& rowptr, const at::Tensor& col,
-                             const at::Tensor& a, const at::Tensor& p, const at::Tensor& q,
-                             double eps, const at::Tensor& z, const at::Tensor& v,
-                             const at::Tensor& grad_w, const at::Tensor& t_rowptr,
-                             const at::Tensor& t_col, const at::Tensor& t_a,
-                             const at::Tensor& t_grad_w, at::Tensor& grad_p,
-                             at::Tensor& grad_q);
+// The fused gradient pass: dl/dp and dl/dq of the neural edge weights, with the edge gradient
+// G_ij given per edge or formed in the row (EdgeGradient). With a transposed CSR (t_csr, and
+// t_a: the edge values in its order) the second-argument terms are gathered in the transposed
+// row (directed graphs); without it the graph must be symmetric and both terms come from
+// row i.
+void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges, const at::Tensor& t_a,
+               const EdgeGradient& grad, at::Tensor& grad_p, at::Tensor& grad_q);
 
 // The instruction set the CPU passes run with: "avx512", "avx2" or "generic".
 const char* isa_name();

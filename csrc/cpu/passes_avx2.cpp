@@ -1,26 +1,5 @@
 // The CPU passes compiled for AVX2 + FMA (run only where the CPU has them, see dispatch.cpp).
-#include "cpu/passes_common.h"
-
-#if DIGNN_CPU_MULTI_ISA
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-namespace dignn {
-namespace cpu {
-namespace avx2 {
+#define DIGNN_ISA avx2
 #define DIGNN_VEC_BYTES 32
-#include "cpu/passes_impl.h"
-#undef DIGNN_VEC_BYTES
-DIGNN_PASS_ALL_TYPES(template)
-}  // namespace avx2
-}  // namespace cpu
-}  // namespace dignn
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
+#define DIGNN_ISA_TARGET "avx2,fma"
+#include "cpu/passes_isa.h"

@@ -1,26 +1,6 @@
-// The CPU passes compiled for AVX-512 (F, VL, BW, DQ) + FMA (run only where the CPU has them, see dispatch.cpp).
-#include "cpu/passes_common.h"
-
-#if DIGNN_CPU_MULTI_ISA
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#endif
-namespace dignn {
-namespace cpu {
-namespace avx512 {
+// The CPU passes compiled for AVX-512 (F, VL, BW, DQ) + FMA (run only where the CPU has them,
+// see dispatch.cpp).
+#define DIGNN_ISA avx512
 #define DIGNN_VEC_BYTES 64
-#include "cpu/passes_impl.h"
-#undef DIGNN_VEC_BYTES
-DIGNN_PASS_ALL_TYPES(template)
-}  // namespace avx512
-}  // namespace cpu
-}  // namespace dignn
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
+#define DIGNN_ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
+#include "cpu/passes_isa.h"

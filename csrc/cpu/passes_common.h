@@ -40,14 +40,13 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
   PREFIX StepNorms neural_edge_pass_t<T, I>(const int64_t*, const I*, const T*, const T*,   \
                                             const T*, int64_t, int64_t, T, T*, T*, const T*, \
                                             const T*, const T*, int64_t, T, T*);            \
-  PREFIX StepNorms cached_step_t<T, I>(const int64_t*, const I*, const T*, const T*,        \
-                                       const T*, const T*, const T*, int64_t, int64_t, T*); \
-  PREFIX void weight_grad_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*,   \
-                                  int64_t, int64_t, T, const T*, const T*, int64_t,         \
-                                  const T*, const int64_t*, const I*, const T*, const T*,   \
-                                  T*, T*);
+  PREFIX StepNorms row_pass_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*, \
+                                    const T*, const T*, int64_t, int64_t, T*);              \
+  PREFIX void grad_pass_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*,     \
+                                int64_t, int64_t, T, const T*, const T*, int64_t, const T*, \
+                                const int64_t*, const I*, const T*, const T*, T*, T*);
 
-#define DIGNN_PASS_ALL_TYPES(PREFIX)           \
+#define DIGNN_PASS_ALL_TYPES(PREFIX)             \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int32_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int64_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, double, int32_t) \
@@ -59,9 +58,9 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                int64_t, int64_t, T, T*, T*, const T*, const T*, const T*,    \
                                int64_t, T, T*);                                             \
   template <typename T, typename I>                                                          \
-  StepNorms cached_step_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,  \
-                          const T*, int64_t, int64_t, T*);                                  \
+  StepNorms row_pass_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,     \
+                       const T*, int64_t, int64_t, T*);                                     \
   template <typename T, typename I>                                                          \
-  void weight_grad_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t,        \
-                     int64_t, T, const T*, const T*, int64_t, const T*, const int64_t*,      \
-                     const I*, const T*, const T*, T*, T*);
+  void grad_pass_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t, int64_t, \
+                   T, const T*, const T*, int64_t, const T*, const int64_t*, const I*,       \
+                   const T*, const T*, T*, T*);

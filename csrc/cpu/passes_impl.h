@@ -1,8 +1,8 @@
-// The CPU row passes, written once and compiled for several instruction sets: each
-// csrc/cpu/passes_<isa>.cpp defines DIGNN_VEC_BYTES (16, 32 or 64), switches the compiler's
-// target and includes this file inside namespace dignn::cpu::<isa>; dispatch.cpp picks one at
-// run time. Math: csrc/dignn/laplacian_math.h. Headers must be included *before* this file, so
-// that only the code below is compiled for the wider target.
+// The CPU row passes, written once and compiled for several instruction sets: passes_isa.h
+// includes this file inside namespace dignn::cpu::<isa> with DIGNN_VEC_BYTES (16, 32 or 64)
+// and the compiler's target switched; dispatch.cpp picks one at run time. Math:
+// csrc/dignn/laplacian_math.h. Headers must be included *before* this file, so that only the
+// code below is compiled for the wider target.
 //
 // Speed: a row's channel sums are held in kAcc vector registers (GCC/Clang vector types), so a
 // CSR row is one streaming loop of loads and FMAs; dot products keep several independent
@@ -39,10 +39,10 @@ inline void prefetch_row(const T* row, int64_t len) {
 }
 
 // ------------------------------------------------------- edge scalars, many at a time --
-// The per-edge formulas of laplacian_math.h (neural_edge_weight and
-// neural_edge_weight_partials), evaluated over a row's edges at once. glibc's scalar tanhf
-// costs more than the rest of an edge, so float uses tanh_abs_vec below (within a few ulp,
-// tested against the float64 path); double keeps the exact scalar functions.
+// The per-edge formulas of laplacian_math.h (edge_weight, edge_grad_scalars), evaluated over a
+// row's edges at once. glibc's scalar tanhf costs more than the rest of an edge, so float
+// feeds them the factors of tanh_abs_vec below (within a few ulp, tested against the float64
+// path); double keeps the exact scalar functions.
 
 typedef float FVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
 typedef int32_t IVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
@@ -103,88 +103,81 @@ inline void edge_weights_batch(const float* a, const float* pi, const float* rho
                                float* w, int64_t count) {
   int64_t e = 0;
   for (; e + kFloatLanes <= count; e += kFloatLanes) {
-    const FVec t = tanh_abs_vec(1.0f / (load_f(rho + e) + eps), nullptr);
+    const FVec t = tanh_abs_vec(inverse_distance(load_f(rho + e), eps), nullptr);
     const FVec phi = tanh_abs_vec(load_f(pi + e), nullptr);
-    store_f(w + e, load_f(a + e) * t * phi);
+    store_f(w + e, edge_weight(load_f(a + e), t, phi));
   }
   for (; e < count; ++e) w[e] = neural_edge_weight(a[e], pi[e], rho[e], eps);
 }
 
-// From the edge gradient g[e]: cp[e] = g dW/dpi, cq[e] = g dW/drho / rho (0 at rho = 0).
-inline void edge_partials_batch(const double* a, const double* g, const double* pi,
-                                const double* rho, double eps, double* cp, double* cq,
-                                int64_t count) {
+// From the edge gradient g[e]: (cp[e], cq[e]) = neural_edge_grad_scalars(a, g, pi, rho, eps).
+inline void edge_grad_batch(const double* a, const double* g, const double* pi,
+                            const double* rho, double eps, double* cp, double* cq,
+                            int64_t count) {
   for (int64_t e = 0; e < count; ++e) {
-    const EdgeWeightPartials<double> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
-    cp[e] = g[e] * d.dw_dpi;
-    cq[e] = rho[e] > 0.0 ? g[e] * d.dw_drho / rho[e] : 0.0;
+    const EdgeGradScalars<double> c = neural_edge_grad_scalars(a[e], g[e], pi[e], rho[e], eps);
+    cp[e] = c.cp;
+    cq[e] = c.cq;
   }
 }
 
-inline void edge_partials_batch(const float* a, const float* g, const float* pi,
-                                const float* rho, float eps, float* cp, float* cq,
-                                int64_t count) {
+inline void edge_grad_batch(const float* a, const float* g, const float* pi, const float* rho,
+                            float eps, float* cp, float* cq, int64_t count) {
   int64_t e = 0;
   for (; e + kFloatLanes <= count; e += kFloatLanes) {
-    const FVec p = load_f(pi + e), r = load_f(rho + e), ae = load_f(a + e), ge = load_f(g + e);
-    const FVec s = 1.0f / (r + eps);
-    FVec t_s2, phi_s2;  // 1 - tanh^2
-    const FVec t = tanh_abs_vec(s, &t_s2);
-    const FVec phi = tanh_abs_vec(p, &phi_s2);
-    const FVec sign = p > 0.0f ? FVec{} + 1.0f : (p < 0.0f ? FVec{} - 1.0f : FVec{});
-    store_f(cp + e, ge * (ae * t * phi_s2 * sign));
-    const FVec dw_drho = -ae * phi * t_s2 * s * s;
-    store_f(cq + e, r > 0.0f ? ge * dw_drho / (r > 0.0f ? r : FVec{} + 1.0f) : FVec{});
+    const FVec p = load_f(pi + e), r = load_f(rho + e);
+    EdgeTanhFactors<FVec> f;
+    f.s = inverse_distance(r, eps);
+    f.t = tanh_abs_vec(f.s, &f.t_s2);
+    f.phi = tanh_abs_vec(p, &f.phi_s2);
+    const EdgeGradScalars<FVec> c = edge_grad_scalars(load_f(a + e), load_f(g + e), p, r, f);
+    store_f(cp + e, c.cp);
+    store_f(cq + e, c.cq);
   }
   for (; e < count; ++e) {
-    const EdgeWeightPartials<float> d = neural_edge_weight_partials(a[e], pi[e], rho[e], eps);
-    cp[e] = g[e] * d.dw_dpi;
-    cq[e] = rho[e] > 0.0f ? g[e] * d.dw_drho / rho[e] : 0.0f;
+    const EdgeGradScalars<float> c = neural_edge_grad_scalars(a[e], g[e], pi[e], rho[e], eps);
+    cp[e] = c.cp;
+    cq[e] = c.cq;
   }
 }
 
 // ------------------------------------------------------------ dot-product reductions --
-// Sum over c of f(u[c], v[c], ...) with 4 independent vector partial sums.
+// Sum over c of f(u[c], v[c], ...) with independent vector partial sums.
 
-template <typename T>
-inline T dot(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+// sum_c term(u[c], v[c]), term applied to vectors and then to the scalars of the tail, with 4
+// vector partial sums.
+template <typename T, typename Term>
+inline T sum_of_terms(const T* __restrict__ u, const T* __restrict__ v, int64_t len,
+                      const Term& term) {
   using S = Simd<T>;
+  constexpr int64_t L = S::kLanes;
   typename S::vec s0{}, s1{}, s2{}, s3{};
   int64_t c = 0;
-  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
-    s0 += S::load(u + c) * S::load(v + c);
-    s1 += S::load(u + c + S::kLanes) * S::load(v + c + S::kLanes);
-    s2 += S::load(u + c + 2 * S::kLanes) * S::load(v + c + 2 * S::kLanes);
-    s3 += S::load(u + c + 3 * S::kLanes) * S::load(v + c + 3 * S::kLanes);
+  for (; c + 4 * L <= len; c += 4 * L) {
+    s0 += term(S::load(u + c), S::load(v + c));
+    s1 += term(S::load(u + c + L), S::load(v + c + L));
+    s2 += term(S::load(u + c + 2 * L), S::load(v + c + 2 * L));
+    s3 += term(S::load(u + c + 3 * L), S::load(v + c + 3 * L));
   }
-  for (; c + S::kLanes <= len; c += S::kLanes) s0 += S::load(u + c) * S::load(v + c);
+  for (; c + L <= len; c += L) s0 += term(S::load(u + c), S::load(v + c));
   T s = S::sum((s0 + s1) + (s2 + s3));
-  for (; c < len; ++c) s += u[c] * v[c];
+  for (; c < len; ++c) s += term(u[c], v[c]);
   return s;
 }
 
+// u . v
+template <typename T>
+inline T dot(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
+  return sum_of_terms(u, v, len, [](auto a, auto b) { return a * b; });
+}
+
+// ||u - v||^2
 template <typename T>
 inline T dist_sq(const T* __restrict__ u, const T* __restrict__ v, int64_t len) {
-  using S = Simd<T>;
-  typename S::vec s0{}, s1{}, s2{}, s3{};
-  int64_t c = 0;
-  for (; c + 4 * S::kLanes <= len; c += 4 * S::kLanes) {
-    const auto t0 = S::load(u + c) - S::load(v + c);
-    const auto t1 = S::load(u + c + S::kLanes) - S::load(v + c + S::kLanes);
-    const auto t2 = S::load(u + c + 2 * S::kLanes) - S::load(v + c + 2 * S::kLanes);
-    const auto t3 = S::load(u + c + 3 * S::kLanes) - S::load(v + c + 3 * S::kLanes);
-    s0 += t0 * t0;
-    s1 += t1 * t1;
-    s2 += t2 * t2;
-    s3 += t3 * t3;
-  }
-  for (; c + S::kLanes <= len; c += S::kLanes) {
-    const auto t = S::load(u + c) - S::load(v + c);
-    s0 += t * t;
-  }
-  T s = S::sum((s0 + s1) + (s2 + s3));
-  for (; c < len; ++c) s += (u[c] - v[c]) * (u[c] - v[c]);
-  return s;
+  return sum_of_terms(u, v, len, [](auto a, auto b) {
+    const auto t = a - b;
+    return t * t;
+  });
 }
 
 // (a_i - a_j) . (b_j - b_i) when kBoth, else a_i . (b_j - b_i)
@@ -338,8 +331,8 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
 }
 
 template <typename T, typename I>
-StepNorms cached_step_t(const int64_t* rowptr, const I* col, const T* w, const T* b,
-                        const T* cy, const T* rs, const T* y, int64_t n, int64_t d, T* out) {
+StepNorms row_pass_t(const int64_t* rowptr, const I* col, const T* w, const T* b, const T* cy,
+                     const T* rs, const T* y, int64_t n, int64_t d, T* out) {
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   std::vector<StepNorms> parts(chunks.size());
   parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
@@ -431,10 +424,10 @@ struct EdgeScratch {
 };
 
 template <typename T, typename I>
-void weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
-                   int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d,
-                   const T* gw, const int64_t* t_rowptr, const I* t_col, const T* t_a,
-                   const T* t_gw, T* grad_p, T* grad_q) {
+void grad_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
+                 int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d, const T* gw,
+                 const int64_t* t_rowptr, const I* t_col, const T* t_a, const T* t_gw,
+                 T* grad_p, T* grad_q) {
   const bool transposed = t_rowptr != nullptr;
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   parallel_for_rows(chunks, [&](int64_t, int64_t row_begin, int64_t row_end) {
@@ -481,8 +474,8 @@ void weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p, 
           s.pi[e] = dot(p_i, p + j * h, h);
           s.rho[e] = dignn_sqrt(dist_sq(q_i, q + j * h, h));
         }
-        edge_partials_batch((in_edges ? t_a : a) + k0, s.g.data(), s.pi.data(), s.rho.data(),
-                            eps, s.cp.data(), s.cq.data(), k1 - k0);
+        edge_grad_batch((in_edges ? t_a : a) + k0, s.g.data(), s.pi.data(), s.rho.data(), eps,
+                        s.cp.data(), s.cq.data(), k1 - k0);
         accumulate_projection_grads(nbr + k0, k1 - k0, s.cp.data(), s.cq.data(), p, q, q_i, h,
                                     gp, gq);
       }

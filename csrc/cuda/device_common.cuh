@@ -28,7 +28,19 @@ DIGNN_DEV Pack<T, V> zero_pack() {
   return p;
 }
 
-// Load of data that no thread writes during the kernel.
+// Plain load (data this kernel writes elsewhere, or wrote itself).
+template <typename T, int V>
+DIGNN_DEV Pack<T, V> load_rw(const T* ptr) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const Pack<T, V>*>(ptr);
+#else
+  Pack<T, V> p;
+  std::memcpy(p.v, ptr, sizeof(p.v));
+  return p;
+#endif
+}
+
+// Load of data that no thread writes during the kernel: the read-only data path on the GPU.
 template <typename T, int V>
 DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
 #if defined(__CUDACC__)
@@ -44,26 +56,9 @@ DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
     Pack<T, V> p;
     p.v[0] = __ldg(ptr);
     return p;
-  } else {
-    return *reinterpret_cast<const Pack<T, V>*>(ptr);
   }
-#else
-  Pack<T, V> p;
-  std::memcpy(p.v, ptr, sizeof(p.v));
-  return p;
 #endif
-}
-
-// Plain load (data this kernel writes elsewhere, or wrote itself).
-template <typename T, int V>
-DIGNN_DEV Pack<T, V> load_rw(const T* ptr) {
-#if defined(__CUDACC__)
-  return *reinterpret_cast<const Pack<T, V>*>(ptr);
-#else
-  Pack<T, V> p;
-  std::memcpy(p.v, ptr, sizeof(p.v));
-  return p;
-#endif
+  return load_rw<T, V>(ptr);
 }
 
 template <typename T, int V>
@@ -95,7 +90,16 @@ DIGNN_DEV T dist_sq(const Pack<T, V>& a, const Pack<T, V>& b) {
   return s;
 }
 
-// G consecutive lanes of a warp working on one item. All lanes of a group follow the same
+// pi += p_i . p_j and r2 += ||q_i - q_j||^2 over one channel vector of each (the edge's
+// pi_ij and rho_ij^2, eq. 13-14, summed vector by vector).
+template <typename T, int V>
+DIGNN_DEV void add_edge_metrics(const Pack<T, V>& p_i, const Pack<T, V>& p_j,
+                                const Pack<T, V>& q_i, const Pack<T, V>& q_j, T& pi, T& r2) {
+  pi += dot<T, V>(p_i, p_j);
+  r2 += dist_sq<T, V>(q_i, q_j);
+}
+
+// G consecutive lanes of a warp working on one segment. All lanes of a group follow the same
 // control flow, so the shuffles below name exactly the group's lanes in their mask.
 template <int G>
 struct Group {
@@ -121,7 +125,7 @@ struct Group {
   }
 };
 
-// Schedule accessors (column c: 0 items, 1 heavy slots, 2 heavy rows).
+// Schedule accessors (column c: kScheduleSegments, kScheduleHeavySlots, kScheduleHeavyRows).
 DIGNN_DEV int64_t sched_total(const ScheduleView& s, int c) {
   return s.n > 0 ? s.incl[c * s.n + s.n - 1] : 0;
 }
@@ -132,25 +136,64 @@ DIGNN_DEV int64_t sched_upto(const ScheduleView& s, int64_t row, int c) {
   return s.incl[c * s.n + row];
 }
 
-// The item a group works on, resolved to its row and edge range.
-struct Item {
+// The segment a group works on, resolved to its row and edge range.
+struct Segment {
   int64_t row;
   int64_t k0, k1;  // edges [k0, k1) of the row
-  int64_t seg;     // segment index within the row
-  int64_t nseg;    // segments of the row
-  int64_t slot;    // heavy rows: partial slot of this segment
+  int64_t index;   // segment index within the row
+  int64_t nseg;    // segments of the row (more than one: a heavy row)
+  int64_t slot;    // heavy rows: partial-sum slot of this segment
 };
 
-DIGNN_DEV Item resolve_item(const ScheduleView& s, const int64_t* rowptr, int64_t item) {
-  Item it;
-  it.row = s.item_row[item];
-  const int64_t first = sched_before(s, it.row, 0);
-  it.nseg = sched_upto(s, it.row, 0) - first;
-  it.seg = item - first;
-  it.k0 = rowptr[it.row] + it.seg * kSegmentEdges;
-  it.k1 = min_of<int64_t>(it.k0 + kSegmentEdges, rowptr[it.row + 1]);
-  it.slot = sched_before(s, it.row, 1) + it.seg;
-  return it;
+DIGNN_DEV Segment resolve_segment(const ScheduleView& s, const int64_t* rowptr,
+                                  int64_t segment) {
+  Segment sg;
+  sg.row = s.segment_row[segment];
+  const int64_t first = sched_before(s, sg.row, kScheduleSegments);
+  sg.nseg = sched_upto(s, sg.row, kScheduleSegments) - first;
+  sg.index = segment - first;
+  sg.k0 = rowptr[sg.row] + sg.index * kSegmentEdges;
+  sg.k1 = min_of<int64_t>(sg.k0 + kSegmentEdges, rowptr[sg.row + 1]);
+  sg.slot = sched_before(s, sg.row, kScheduleHeavySlots) + sg.index;
+  return sg;
+}
+
+// The group walks a segment's edges G at a time: lane l holds edge kb + l, whose values
+// load(e) reads one batch ahead (an empty slot for e >= sg.k1). For each batch,
+// body(e, count, slot): this lane's edge e = kb + lane and its slot; count, the real edges of
+// the batch.
+template <int G, typename Load, typename Body>
+DIGNN_DEV void for_each_edge_batch(const Segment& sg, int lane, const Load& load,
+                                   const Body& body) {
+  auto cur = load(sg.k0 + lane);
+  for (int64_t kb = sg.k0; kb < sg.k1; kb += G) {
+    const int64_t e = kb + lane;
+    const auto next = load(e + G);
+    body(e, static_cast<int>(min_of<int64_t>(G, sg.k1 - kb)), cur);
+    cur = next;
+  }
+}
+
+// For the channel vectors vi = first, first + G, ... < nvec of two node signals x and y (rows
+// of `width` channels; x_row and y_row: the rows of the segment's node) and each of the first
+// `valid` edges u of a batch, with j = j[u]: f(u, x_row, y_row, x_j, y_j), each the vector vi
+// of that row.
+template <typename T, int V, int G, int U, typename F>
+DIGNN_DEV void for_each_neighbour_vector(int64_t first, int64_t nvec, int64_t width,
+                                         const T* x, const T* y, const T* x_row,
+                                         const T* y_row, const int32_t (&j)[U], int valid,
+                                         const F& f) {
+  for (int64_t vi = first; vi < nvec; vi += G) {
+    const Pack<T, V> xv = load_ro<T, V>(x_row + vi * V);
+    const Pack<T, V> yv = load_ro<T, V>(y_row + vi * V);
+    DIGNN_UNROLL
+    for (int u = 0; u < U; ++u) {
+      if (u < valid) {
+        const int64_t off = static_cast<int64_t>(j[u]) * width + vi * V;
+        f(u, xv, yv, load_ro<T, V>(x + off), load_ro<T, V>(y + off));
+      }
+    }
+  }
 }
 
 // Writes this block's two sums (per group values, in group order) to out[2 * block + {0, 1}].
@@ -174,6 +217,29 @@ DIGNN_DEV void store_block_norms(double diff_sq, double out_sq, int lane, int gr
     out[2 * simt::block_idx()] = a;
     out[2 * simt::block_idx() + 1] = b;
   }
+}
+
+// Runs launch(vec, group), both std::integral_constant<int, ...>, with the plan's elements per
+// channel vector (4 only for float32) and lanes per group as compile-time values; returns its
+// launch status. (Host code of the launchers.)
+template <typename T, typename Launch>
+int launch_with_shape(const PassPlan& plan, Launch&& launch) {
+  const auto with_group = [&](auto vec) {
+    switch (plan.group) {
+      case 4:
+        return launch(vec, std::integral_constant<int, 4>{});
+      case 8:
+        return launch(vec, std::integral_constant<int, 8>{});
+      case 16:
+        return launch(vec, std::integral_constant<int, 16>{});
+      default:
+        return launch(vec, std::integral_constant<int, 32>{});
+    }
+  };
+  if constexpr (std::is_same<T, float>::value) {
+    if (plan.vec == 4) return with_group(std::integral_constant<int, 4>{});
+  }
+  return with_group(std::integral_constant<int, 1>{});
 }
 
 }  // namespace DIGNN_SIMT_NS

@@ -13,9 +13,7 @@
 namespace dignn {
 namespace DIGNN_SIMT_NS {
 
-constexpr int kGradUnroll = 2;  // edges per batch (each keeps its p_j, q_j vectors)
-
-// One lane's edge of a chunk: its column and two per-edge values.
+// One lane's edge of a batch of G edges: its column and two per-edge values.
 template <typename T>
 struct GradEdgeSlot {
   int32_t j;
@@ -23,19 +21,20 @@ struct GradEdgeSlot {
 };
 
 template <typename T, int V, int G>
-DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
-  constexpr int kGroups = kThreads / G;
-  constexpr int64_t kBlockVecs = G * kVecsPerLane;
-  constexpr int U = kGradUnroll;
+DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
+  constexpr int kGroups = kCudaBlockThreads / G;
+  constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
+  constexpr int U = kCudaGradUnroll;
   const Group<G> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / G;
-  const int64_t item = simt::block_idx() * kGroups + group_in_block;
-  if (item >= sched_total(A.sched, 0)) return;  // no block-wide barrier in this kernel
+  const int64_t segment = simt::block_idx() * kGroups + group_in_block;
+  // (no block-wide barrier in this kernel)
+  if (segment >= sched_total(A.sched, kScheduleSegments)) return;
 
-  const Item it = resolve_item(A.sched, A.rowptr, item);
-  const int64_t i = it.row;
-  const bool heavy = it.nseg > 1;
+  const Segment sg = resolve_segment(A.sched, A.rowptr, segment);
+  const int64_t i = sg.row;
+  const bool heavy = sg.nseg > 1;
   const int64_t h = A.h;
   const int64_t nvec_h = h / V;
   const int64_t d = A.d;
@@ -51,10 +50,10 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
     // The edge scalars (cp, cq) are made in channel block 0; later blocks (h wider than a
     // block) read them back from edge_scratch, each lane the edges it wrote itself.
     const bool first = cb == 0;
-    Pack<T, V> gp[kVecsPerLane], gq[kVecsPerLane];
-    Pack<T, V> pi_blk[kVecsPerLane], qi_blk[kVecsPerLane];  // row i's vectors of block 0
+    Pack<T, V> gp[kCudaVecsPerLane], gq[kCudaVecsPerLane];
+    Pack<T, V> pi_blk[kCudaVecsPerLane], qi_blk[kCudaVecsPerLane];  // row i's vectors of block 0
     DIGNN_UNROLL
-    for (int t = 0; t < kVecsPerLane; ++t) {
+    for (int t = 0; t < kCudaVecsPerLane; ++t) {
       gp[t] = gq[t] = zero_pack<T, V>();
       const int64_t vh = lane + t * G;
       const bool ok = first && vh < nvec_h;
@@ -64,10 +63,10 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
     T cq_sum = T(0);
 
     // Lane l holds edge kb + l: its column and, in block 0, (a, given dl/dW), in later blocks
-    // (cp, cq); loaded one chunk ahead.
+    // (cp, cq); loaded one batch ahead.
     const auto edge_values = [&](int64_t e) {
       GradEdgeSlot<T> slot{0, T(0), T(0)};
-      if (e < it.k1) {
+      if (e < sg.k1) {
         slot.j = A.col[e];
         if (first) {
           slot.s0 = simt::ldg(A.a + e);
@@ -79,20 +78,17 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
       }
       return slot;
     };
-    GradEdgeSlot<T> cur = edge_values(it.k0 + lane);
-    for (int64_t kb = it.k0; kb < it.k1; kb += G) {
-      const int64_t e = kb + lane;
-      const bool edge_valid = e < it.k1;
-      const GradEdgeSlot<T> next = edge_values(e + G);
-      const int32_t j_lane = cur.j;
-      const T s0_lane = cur.s0, s1_lane = cur.s1;
-      const int count = static_cast<int>(min_of<int64_t>(G, it.k1 - kb));
+    for_each_edge_batch<G>(sg, lane, edge_values, [&](int64_t e, int count,
+                                                      const GradEdgeSlot<T>& mine) {
+      const bool edge_valid = e < sg.k1;
+      const int32_t j_lane = mine.j;
+      const T s0_lane = mine.s0, s1_lane = mine.s1;
       T cp_mine = T(0), cq_mine = T(0);
       for (int eb = 0; eb < count; eb += U) {
         const int valid = count - eb;
         int32_t j[U];
         T cp[U], cq[U];
-        Pack<T, V> pj[U][kVecsPerLane], qj[U][kVecsPerLane];
+        Pack<T, V> pj[U][kCudaVecsPerLane], qj[U][kCudaVecsPerLane];
         DIGNN_UNROLL
         for (int u = 0; u < U; ++u) {
           j[u] = grp.bcast(j_lane, eb + u);
@@ -104,7 +100,7 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
           const T* p_j = A.p + static_cast<int64_t>(j[u]) * h;
           const T* q_j = A.q + static_cast<int64_t>(j[u]) * h;
           DIGNN_UNROLL
-          for (int t = 0; t < kVecsPerLane; ++t) {
+          for (int t = 0; t < kCudaVecsPerLane; ++t) {
             const int64_t vh = cb + lane + t * G;
             const bool ok = u < valid && vh < nvec_h;
             pj[u][t] = ok ? load_ro<T, V>(p_j + vh * V) : zero_pack<T, V>();
@@ -117,33 +113,22 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
           for (int u = 0; u < U; ++u) {
             s_pi[u] = s_r2[u] = s_g[u] = T(0);
             DIGNN_UNROLL
-            for (int t = 0; t < kVecsPerLane; ++t) {  // vectors lane + t G, in order
-              s_pi[u] += dot<T, V>(pi_blk[t], pj[u][t]);
-              s_r2[u] += dist_sq<T, V>(qi_blk[t], qj[u][t]);
+            for (int t = 0; t < kCudaVecsPerLane; ++t) {  // vectors lane + t G, in order
+              add_edge_metrics<T, V>(pi_blk[t], pj[u][t], qi_blk[t], qj[u][t], s_pi[u], s_r2[u]);
             }
           }
-          for (int64_t vh = lane + kVecsPerLane * G; vh < nvec_h; vh += G) {  // wide h
-            const Pack<T, V> pv = load_ro<T, V>(p_i + vh * V);
-            const Pack<T, V> qv = load_ro<T, V>(q_i + vh * V);
-            DIGNN_UNROLL
-            for (int u = 0; u < U; ++u) {
-              if (u < valid) {
-                const int64_t off = static_cast<int64_t>(j[u]) * h + vh * V;
-                s_pi[u] += dot<T, V>(pv, load_ro<T, V>(A.p + off));
-                s_r2[u] += dist_sq<T, V>(qv, load_ro<T, V>(A.q + off));
-              }
-            }
-          }
+          // wide h: the vectors beyond block 0
+          for_each_neighbour_vector<T, V, G>(
+              lane + kCudaVecsPerLane * G, nvec_h, h, A.p, A.q, p_i, q_i, j, valid,
+              [&](int u, const Pack<T, V>& pv, const Pack<T, V>& qv, const Pack<T, V>& pj_v,
+                  const Pack<T, V>& qj_v) {
+                add_edge_metrics<T, V>(pv, pj_v, qv, qj_v, s_pi[u], s_r2[u]);
+              });
           if (formed) {  // dl/dW of the edge from v and z
-            for (int64_t vd = lane; vd < nvec_d; vd += G) {
-              const Pack<T, V> vi = load_ro<T, V>(v_i + vd * V);
-              const Pack<T, V> zi = load_ro<T, V>(z_i + vd * V);
-              DIGNN_UNROLL
-              for (int u = 0; u < U; ++u) {
-                if (u < valid) {
-                  const int64_t off = static_cast<int64_t>(j[u]) * d + vd * V;
-                  const Pack<T, V> vj = load_ro<T, V>(A.v + off);
-                  const Pack<T, V> zj = load_ro<T, V>(A.z + off);
+            for_each_neighbour_vector<T, V, G>(
+                lane, nvec_d, d, A.v, A.z, v_i, z_i, j, valid,
+                [&](int u, const Pack<T, V>& vi, const Pack<T, V>& zi, const Pack<T, V>& vj,
+                    const Pack<T, V>& zj) {
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) {
                     T lhs, rhs;
@@ -159,9 +144,7 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
                     }
                     s_g[u] = simt::madd(lhs, rhs, s_g[u]);
                   }
-                }
-              }
-            }
+                });
           }
           DIGNN_UNROLL
           for (int u = 0; u < U; ++u) {
@@ -174,11 +157,10 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
             T new_cp = T(0), new_cq = T(0);
             if (u < valid) {
               const T g = formed ? s_g[u] : cq[u];
-              const T rho = dignn_sqrt(s_r2[u]);
-              const EdgeWeightPartials<T> dw = neural_edge_weight_partials(cp[u], s_pi[u], rho,
-                                                                           A.eps);
-              new_cp = g * dw.dw_dpi;
-              new_cq = rho > T(0) ? g * dw.dw_drho / rho : T(0);
+              const EdgeGradScalars<T> c =
+                  neural_edge_grad_scalars(cp[u], g, s_pi[u], dignn_sqrt(s_r2[u]), A.eps);
+              new_cp = c.cp;
+              new_cq = c.cq;
             }
             cp[u] = new_cp;
             cq[u] = new_cq;
@@ -192,7 +174,7 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         for (int u = 0; u < U; ++u) {
           cq_sum += cq[u];
           DIGNN_UNROLL
-          for (int t = 0; t < kVecsPerLane; ++t) {
+          for (int t = 0; t < kCudaVecsPerLane; ++t) {
             DIGNN_UNROLL
             for (int c = 0; c < V; ++c) {
               gp[t].v[c] = simt::madd(cp[u], pj[u][t].v[c], gp[t].v[c]);
@@ -205,12 +187,11 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         A.edge_scratch[2 * e] = cp_mine;
         A.edge_scratch[2 * e + 1] = cq_mine;
       }
-      cur = next;
-    }
+    });
 
     if (!heavy) {
       DIGNN_UNROLL
-      for (int t = 0; t < kVecsPerLane; ++t) {
+      for (int t = 0; t < kCudaVecsPerLane; ++t) {
         const int64_t vh = cb + lane + t * G;
         if (vh < nvec_h) {
           const int64_t off = i * h + vh * V;
@@ -228,9 +209,9 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         }
       }
     } else {
-      T* slot = A.partial + it.slot * pstride;
+      T* slot = A.partial + sg.slot * pstride;
       DIGNN_UNROLL
-      for (int t = 0; t < kVecsPerLane; ++t) {
+      for (int t = 0; t < kCudaVecsPerLane; ++t) {
         const int64_t vh = cb + lane + t * G;
         if (vh < nvec_h) {
           store<T, V>(slot + vh * V, gp[t]);
@@ -244,14 +225,15 @@ DIGNN_KERNEL(kThreads) grad_pass_kernel(const GradPassArgs<T> A) {
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
 template <typename T>
-DIGNN_KERNEL(kThreads) grad_combine_kernel(const GradPassArgs<T> A) {
-  constexpr int kGroups = kThreads / 32;
+DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T> A) {
+  constexpr int kGroups = kCudaBlockThreads / 32;
   const int lane = simt::thread_idx() & 31;
   const int64_t index = simt::block_idx() * kGroups + simt::thread_idx() / 32;
-  if (index >= sched_total(A.sched, 2)) return;
+  if (index >= sched_total(A.sched, kScheduleHeavyRows)) return;
   const int64_t i = A.sched.heavy_row[index];
-  const int64_t nseg = sched_upto(A.sched, i, 0) - sched_before(A.sched, i, 0);
-  const int64_t slot0 = sched_before(A.sched, i, 1);
+  const int64_t nseg = sched_upto(A.sched, i, kScheduleSegments) -
+                       sched_before(A.sched, i, kScheduleSegments);
+  const int64_t slot0 = sched_before(A.sched, i, kScheduleHeavySlots);
   const int64_t h = A.h;
   const int64_t pstride = grad_partial_stride(h);
   T cq_sum = T(0);
@@ -270,31 +252,16 @@ DIGNN_KERNEL(kThreads) grad_combine_kernel(const GradPassArgs<T> A) {
   }
 }
 
-template <typename T, int V>
-int launch_grad_pass_v(const GradPassArgs<T>& A, simt::Stream stream) {
-  switch (A.plan.group) {
-    case 4:
-      return simt::launch(&grad_pass_kernel<T, V, 4>, A.plan.main_blocks, kThreads, stream, A);
-    case 8:
-      return simt::launch(&grad_pass_kernel<T, V, 8>, A.plan.main_blocks, kThreads, stream, A);
-    case 16:
-      return simt::launch(&grad_pass_kernel<T, V, 16>, A.plan.main_blocks, kThreads, stream, A);
-    default:
-      return simt::launch(&grad_pass_kernel<T, V, 32>, A.plan.main_blocks, kThreads, stream, A);
-  }
-}
-
+// The segment kernel, then the heavy-row kernel.
 template <typename T>
-int run_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
-  int status = 0;
-  if constexpr (std::is_same<T, float>::value) {
-    status = A.plan.vec == 4 ? launch_grad_pass_v<T, 4>(A, stream)
-                             : launch_grad_pass_v<T, 1>(A, stream);
-  } else {
-    status = launch_grad_pass_v<T, 1>(A, stream);
-  }
+int launch_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
+  const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
+    const auto kernel = &grad_pass_kernel<T, decltype(vec)::value, decltype(group)::value>;
+    return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
+  });
   if (status != 0) return status;
-  return simt::launch(&grad_combine_kernel<T>, A.plan.combine_blocks, kThreads, stream, A);
+  return simt::launch(&grad_combine_kernel<T>, A.plan.combine_blocks, kCudaBlockThreads, stream,
+                      A);
 }
 
 }  // namespace DIGNN_SIMT_NS

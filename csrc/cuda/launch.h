@@ -1,21 +1,21 @@
-// What the host code of the CUDA ops (csrc/cuda/ops_impl.h) hands to the kernels: plain
+// What the host code of the CUDA ops (csrc/cuda/device_*.h) hands to the kernels: plain
 // argument structs, the launch plan, and the launchers. No ATen here, so that the .cu files
-// compile quickly; the math is in csrc/dignn/laplacian_math.h.
+// compile quickly; the math is in csrc/dignn/laplacian_math.h, the schedule's vocabulary and
+// constants in csrc/dignn/schedule.h.
 //
 // Work decomposition (the same for every CSR pass):
-// - A *schedule* is built once per op call from rowptr alone, on the device, without a host
-//   sync: row i is cut into nseg_i = max(1, ceil(deg_i / kSegmentEdges)) segments of at most
-//   kSegmentEdges edges; every segment is one *work item*. Rows with one segment (almost all
-//   rows of a real graph) are finished by the group that processes them. Rows with several
-//   ("heavy" rows: the hubs of a power-law graph) write one partial result per segment into a
-//   slot, and a second kernel sums the slots of each heavy row in segment order and finishes
-//   the row. So a row of 10,000 neighbours is ~80 items spread over the GPU instead of one long
-//   serial loop, and every sum has a fixed order: results are bit-for-bit reproducible.
-// - A work item is processed by a *group* of G consecutive lanes of a warp (G = 4, 8, 16 or 32,
-//   the smallest that covers the channels with kVecsPerLane vectors per lane), so short rows do
-//   not leave most of a warp idle. Each lane holds channel vectors of V elements (V = 4 for
-//   float32 when every row is 16-byte aligned: one 16-byte load per lane per vector), and
-//   the group gathers kUnroll neighbour rows at a time to keep several loads in flight.
+// - The *schedule* (segments and heavy rows, schedule.h) is built once per op call from rowptr
+//   alone, on the device, without a host sync: row i is cut into
+//   nseg_i = max(1, ceil(deg_i / kSegmentEdges)) segments. A row of 10,000 neighbours is ~80
+//   segments spread over the GPU.
+// - A segment is processed by a *group* of G consecutive lanes of a warp (G = 4, 8, 16 or 32,
+//   the smallest that covers the channels with kCudaVecsPerLane vectors per lane), so short
+//   rows do not leave most of a warp idle. Each lane holds channel vectors of V elements (V = 4
+//   for float32 when every row is 16-byte aligned: one 16-byte load per lane per vector), and
+//   the group gathers kCudaRowUnroll (kCudaGradUnroll) neighbour rows at a time to keep
+//   several loads in flight.
+// - The segments of a heavy row write their partial sums to one slot each; a second kernel
+//   adds the slots of each heavy row in segment order and finishes the row.
 // - Sums over rows (the residual norms of a solve) are reduced per block in group order and
 //   then over blocks in block order by one final block: fixed order, no atomics.
 #pragma once
@@ -23,44 +23,48 @@
 #include <cstdint>
 
 #include "cuda/simt.cuh"
+#include "dignn/schedule.h"
 
 namespace dignn {
 namespace DIGNN_SIMT_NS {
 
-// Threads per block of the row kernels: small blocks, so that a block holding one long item
-// keeps few other lanes idle until it retires (Hopper runs up to 32 blocks per SM).
-constexpr int kThreads = 64;
-constexpr int kVecsPerLane = 2;           // channel vectors a lane keeps in registers
-// Edges per work item; longer rows are split. (The host emulator used by the tests builds
-// with a small value, so that its small graphs take the split-row paths too.)
-#ifndef DIGNN_SEGMENT_EDGES
-#define DIGNN_SEGMENT_EDGES 128
-#endif
+// Edges per segment: kCudaSegmentEdges. The host emulator used by the tests builds with a small
+// DIGNN_SEGMENT_EDGES, so that its small graphs take the heavy-row paths too.
+#ifdef DIGNN_SEGMENT_EDGES
 constexpr int64_t kSegmentEdges = DIGNN_SEGMENT_EDGES;
-constexpr int kReduceThreads = 256;       // threads of the reduction kernels
+#else
+constexpr int64_t kSegmentEdges = kCudaSegmentEdges;
+#endif
 
-// The work items of one CSR, built by build_schedule (ops_impl.h).
+// The columns of ScheduleView::incl.
+constexpr int kScheduleSegments = 0;
+constexpr int kScheduleHeavySlots = 1;
+constexpr int kScheduleHeavyRows = 2;
+
+// The segments of one CSR, built by make_device_csr (device_csr.h).
 struct ScheduleView {
-  const int64_t* incl;       // [3][n] inclusive sums over rows of: items, heavy slots, heavy rows
-  const int32_t* item_row;   // [max_items] the row of each item
-  const int32_t* heavy_row;  // [max_heavy] the heavy rows, in row order
+  const int64_t* incl;         // [3][n] inclusive sums over rows of: segments, heavy-row slots,
+                               // heavy rows (one per heavy row)
+  const int32_t* segment_row;  // [max_segments] the row of each segment
+  const int32_t* heavy_row;    // [max_heavy_rows] the heavy rows, in row order
   int64_t n;
 };
 
 // Upper bounds on the schedule's sizes that the host knows without reading the device:
 // sum_i max(1, ceil(deg_i/E)) <= n + m/E; a heavy row (deg > E) has ceil(deg/E) <= 2 floor(deg/E)
 // segments, so all heavy slots <= 2 m/E; heavy rows <= m/(E+1).
-inline int64_t max_items(int64_t n, int64_t m) { return n + m / kSegmentEdges; }
+inline int64_t max_segments(int64_t n, int64_t m) { return n + m / kSegmentEdges; }
 inline int64_t max_heavy_slots(int64_t m) { return 2 * (m / kSegmentEdges) + 1; }
 inline int64_t max_heavy_rows(int64_t m) { return m / (kSegmentEdges + 1) + 1; }
 
-// Lanes per group: the smallest of 4, 8, 16, 32 whose kVecsPerLane vectors per lane cover
-// `vecs` channel vectors (32 beyond; wider rows are done in several channel blocks).
+// Lanes per group: the smallest power of two from kCudaMinGroupLanes whose kCudaVecsPerLane
+// vectors per lane cover `vecs` channel vectors (a whole warp beyond; wider rows are done in
+// several channel blocks).
 inline int group_size(int64_t vecs) {
-  for (int g = 4; g < 32; g *= 2) {
-    if (g * kVecsPerLane >= vecs) return g;
+  for (int g = kCudaMinGroupLanes; g < kCudaWarpLanes; g *= 2) {
+    if (g * kCudaVecsPerLane >= vecs) return g;
   }
-  return 32;
+  return kCudaWarpLanes;
 }
 
 DIGNN_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -69,7 +73,7 @@ DIGNN_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; 
 struct PassPlan {
   int group = 32;              // lanes per group
   int vec = 1;                 // elements per channel vector (1, or 4 for aligned float32)
-  int64_t main_blocks = 0;     // blocks of the item kernel
+  int64_t main_blocks = 0;     // blocks of the segment kernel
   int64_t combine_blocks = 0;  // blocks of the heavy-row kernel (one warp per heavy row)
 };
 
@@ -77,8 +81,8 @@ inline PassPlan plan_pass(int64_t n, int64_t m, int64_t widest_vecs, int vec) {
   PassPlan plan;
   plan.vec = vec;
   plan.group = group_size(widest_vecs);
-  plan.main_blocks = n > 0 ? ceil_div(max_items(n, m), kThreads / plan.group) : 0;
-  plan.combine_blocks = n > 0 ? ceil_div(max_heavy_rows(m), kThreads / 32) : 0;
+  plan.main_blocks = n > 0 ? ceil_div(max_segments(n, m), kCudaBlockThreads / plan.group) : 0;
+  plan.combine_blocks = n > 0 ? ceil_div(max_heavy_rows(m), kCudaBlockThreads / 32) : 0;
   return plan;
 }
 
@@ -163,11 +167,15 @@ template <typename T>
 int launch_row_pass(const RowPassArgs<T>& args, simt::Stream stream);
 template <typename T>
 int launch_grad_pass(const GradPassArgs<T>& args, simt::Stream stream);
+// Their instantiations for float and double, each in its own .cu file (compiled in parallel).
+#define DIGNN_INSTANTIATE_PASS_LAUNCHER(LAUNCHER, ARGS)          \
+  template int LAUNCHER<float>(const ARGS<float>&, simt::Stream); \
+  template int LAUNCHER<double>(const ARGS<double>&, simt::Stream);
 
 int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
                            simt::Stream stream);
-int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* item_row, int32_t* heavy_row,
-                         simt::Stream stream);
+int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* segment_row,
+                         int32_t* heavy_row, simt::Stream stream);
 template <typename T>
 int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
                             simt::Stream stream);

@@ -1,16 +1,8 @@
-// The row pass launchers (kernels in row_pass_impl.cuh).
+// The row pass kernels, compiled for each dtype (row_pass_impl.cuh).
 #include "cuda/row_pass_impl.cuh"
 
 namespace dignn {
 namespace DIGNN_SIMT_NS {
-
-template <typename T>
-int launch_row_pass(const RowPassArgs<T>& args, simt::Stream stream) {
-  return run_row_pass<T>(args, stream);
-}
-
-template int launch_row_pass<float>(const RowPassArgs<float>&, simt::Stream);
-template int launch_row_pass<double>(const RowPassArgs<double>&, simt::Stream);
-
+DIGNN_INSTANTIATE_PASS_LAUNCHER(launch_row_pass, RowPassArgs)
 }  // namespace DIGNN_SIMT_NS
 }  // namespace dignn

@@ -8,9 +8,7 @@
 namespace dignn {
 namespace DIGNN_SIMT_NS {
 
-constexpr int kRowUnroll = 4;  // neighbour rows gathered at a time by a group
-
-// One lane's edge of a chunk: its column and a per-edge value.
+// One lane's edge of a batch of G edges: its column and a per-edge value.
 template <typename T>
 struct EdgeSlot {
   int32_t j;
@@ -20,26 +18,28 @@ struct EdgeSlot {
 // Copies row y_i to out_i (a converged solve carries its result forward).
 template <typename T, int V, int G>
 DIGNN_DEV void carry_row(const T* y_i, T* out_i, int64_t nvec, int lane) {
-  for (int64_t vi = lane; vi < nvec; vi += G) store<T, V>(out_i + vi * V, load_ro<T, V>(y_i + vi * V));
+  for (int64_t vi = lane; vi < nvec; vi += G) {
+    store<T, V>(out_i + vi * V, load_ro<T, V>(y_i + vi * V));
+  }
 }
 
-// pi_u = p_i . p_{j_u} and r2_u = ||q_i - q_{j_u}||^2 for the kRowUnroll edges of a batch
-// (only the first `valid` are real), summed over the group: identical in every lane.
+// pi_u = p_i . p_{j_u} and r2_u = ||q_i - q_{j_u}||^2 for the kCudaRowUnroll edges of a
+// batch (only the first `valid` are real), summed over the group: identical in every lane.
 template <typename T, int V, int G>
 DIGNN_DEV void edge_metrics(const Group<G>& grp, const T* p, const T* q, int64_t h, int64_t row,
-                            const int32_t (&j)[kRowUnroll], int valid, T (&pi)[kRowUnroll],
-                            T (&r2)[kRowUnroll]) {
+                            const int32_t (&j)[kCudaRowUnroll], int valid,
+                            T (&pi)[kCudaRowUnroll], T (&r2)[kCudaRowUnroll]) {
   DIGNN_UNROLL
-  for (int u = 0; u < kRowUnroll; ++u) pi[u] = r2[u] = T(0);
+  for (int u = 0; u < kCudaRowUnroll; ++u) pi[u] = r2[u] = T(0);
   const int64_t nvec_h = h / V;
   const T* p_i = p + row * h;
   const T* q_i = q + row * h;
   for (int64_t vh = grp.lane; vh < nvec_h; vh += G) {
     const Pack<T, V> pv = load_ro<T, V>(p_i + vh * V);
     const Pack<T, V> qv = load_ro<T, V>(q_i + vh * V);
-    Pack<T, V> pj[kRowUnroll], qj[kRowUnroll];
+    Pack<T, V> pj[kCudaRowUnroll], qj[kCudaRowUnroll];
     DIGNN_UNROLL
-    for (int u = 0; u < kRowUnroll; ++u) {
+    for (int u = 0; u < kCudaRowUnroll; ++u) {
       if (u < valid) {
         pj[u] = load_ro<T, V>(p + static_cast<int64_t>(j[u]) * h + vh * V);
         qj[u] = load_ro<T, V>(q + static_cast<int64_t>(j[u]) * h + vh * V);
@@ -48,33 +48,32 @@ DIGNN_DEV void edge_metrics(const Group<G>& grp, const T* p, const T* q, int64_t
       }
     }
     DIGNN_UNROLL
-    for (int u = 0; u < kRowUnroll; ++u) {
-      pi[u] += dot<T, V>(pv, pj[u]);
-      r2[u] += dist_sq<T, V>(qv, qj[u]);
+    for (int u = 0; u < kCudaRowUnroll; ++u) {
+      add_edge_metrics<T, V>(pv, pj[u], qv, qj[u], pi[u], r2[u]);
     }
   }
   DIGNN_UNROLL
-  for (int u = 0; u < kRowUnroll; ++u) {
+  for (int u = 0; u < kCudaRowUnroll; ++u) {
     pi[u] = grp.sum(pi[u]);
     r2[u] = grp.sum(r2[u]);
   }
 }
 
-// One work item (a row, or one segment of a heavy row) per group of G lanes.
+// One segment (a whole row, or a part of a heavy row) per group of G lanes.
 template <typename T, int V, int G, bool kNeural>
-DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
-  constexpr int kGroups = kThreads / G;
-  constexpr int64_t kBlockVecs = G * kVecsPerLane;
+DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
+  constexpr int kGroups = kCudaBlockThreads / G;
+  constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   const Group<G> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / G;
-  const int64_t item = simt::block_idx() * kGroups + group_in_block;
+  const int64_t segment = simt::block_idx() * kGroups + group_in_block;
   T row_diff = T(0), row_out = T(0);
 
-  if (item < sched_total(A.sched, 0)) {
-    const Item it = resolve_item(A.sched, A.rowptr, item);
-    const int64_t i = it.row;
-    const bool heavy = it.nseg > 1;
+  if (segment < sched_total(A.sched, kScheduleSegments)) {
+    const Segment sg = resolve_segment(A.sched, A.rowptr, segment);
+    const int64_t i = sg.row;
+    const bool heavy = sg.nseg > 1;
     const bool carry = A.converged != nullptr && *A.converged != 0;
     const int64_t d = A.d;
     const int64_t nvec = A.y != nullptr ? d / V : 0;
@@ -91,20 +90,20 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
       }
       T kappa = T(0);
       T lane_diff = T(0), lane_out = T(0);
-      // Channel blocks of G * kVecsPerLane vectors (one block unless d is wide). The neural
+      // Channel blocks of G * kCudaVecsPerLane vectors (one block unless d is wide). The neural
       // weights are made in the first; later blocks read them back (each lane reads the
       // edges it wrote itself).
       for (int64_t cb = 0; cb == 0 || cb < nvec; cb += kBlockVecs) {
         const bool make_w = kNeural && cb == 0;
-        Pack<T, V> acc[kVecsPerLane];
+        Pack<T, V> acc[kCudaVecsPerLane];
         DIGNN_UNROLL
-        for (int t = 0; t < kVecsPerLane; ++t) acc[t] = zero_pack<T, V>();
+        for (int t = 0; t < kCudaVecsPerLane; ++t) acc[t] = zero_pack<T, V>();
 
         // The group takes G edges at a time: lane l holds edge kb + l (its column, and a when
-        // making weights, else w), loaded one chunk ahead.
+        // making weights, else w), loaded one batch ahead.
         const auto edge_values = [&](int64_t e) {
           EdgeSlot<T> slot{0, T(0)};
-          if (e < it.k1) {
+          if (e < sg.k1) {
             slot.j = A.col[e];
             if (make_w) {
               slot.val = simt::ldg(A.a + e);
@@ -116,29 +115,26 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
           }
           return slot;
         };
-        EdgeSlot<T> cur = edge_values(it.k0 + lane);
-        for (int64_t kb = it.k0; kb < it.k1; kb += G) {
-          const int64_t e = kb + lane;
-          const bool edge_valid = e < it.k1;
-          const EdgeSlot<T> next = edge_values(e + G);
-          const int32_t j_lane = cur.j;
-          const T val_lane = cur.val;
-          const int count = static_cast<int>(min_of<int64_t>(G, it.k1 - kb));
+        for_each_edge_batch<G>(sg, lane, edge_values, [&](int64_t e, int count,
+                                                          const EdgeSlot<T>& mine) {
+          const bool edge_valid = e < sg.k1;
+          const int32_t j_lane = mine.j;
+          const T val_lane = mine.val;
           T w_mine = T(0);
-          for (int eb = 0; eb < count; eb += kRowUnroll) {
+          for (int eb = 0; eb < count; eb += kCudaRowUnroll) {
             const int valid = count - eb;  // edges eb + u with u < valid are real
-            int32_t j[kRowUnroll];
-            T wt[kRowUnroll];
+            int32_t j[kCudaRowUnroll];
+            T wt[kCudaRowUnroll];
             DIGNN_UNROLL
-            for (int u = 0; u < kRowUnroll; ++u) {
+            for (int u = 0; u < kCudaRowUnroll; ++u) {
               j[u] = grp.bcast(j_lane, eb + u);
               wt[u] = grp.bcast(val_lane, eb + u);
             }
             if (make_w) {  // eq. 13-14, and kappa_i = sum_k W_k in edge order
-              T pi[kRowUnroll], r2[kRowUnroll];
+              T pi[kCudaRowUnroll], r2[kCudaRowUnroll];
               edge_metrics<T, V, G>(grp, A.p, A.q, A.h, i, j, valid, pi, r2);
               DIGNN_UNROLL
-              for (int u = 0; u < kRowUnroll; ++u) {
+              for (int u = 0; u < kCudaRowUnroll; ++u) {
                 wt[u] = u < valid ? neural_edge_weight(wt[u], pi[u], dignn_sqrt(r2[u]), A.eps)
                                   : T(0);
                 kappa += wt[u];
@@ -146,21 +142,21 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
               }
             }
             if (nvec > 0) {  // acc += w_k y_j over this lane's channel vectors
-              Pack<T, V> yv[kRowUnroll][kVecsPerLane];
+              Pack<T, V> yv[kCudaRowUnroll][kCudaVecsPerLane];
               DIGNN_UNROLL
-              for (int u = 0; u < kRowUnroll; ++u) {
+              for (int u = 0; u < kCudaRowUnroll; ++u) {
                 const T* y_j = A.y + static_cast<int64_t>(j[u]) * d;
                 DIGNN_UNROLL
-                for (int t = 0; t < kVecsPerLane; ++t) {
+                for (int t = 0; t < kCudaVecsPerLane; ++t) {
                   const int64_t vi = cb + lane + t * G;
                   yv[u][t] = (u < valid && vi < nvec) ? load_ro<T, V>(y_j + vi * V)
                                                       : zero_pack<T, V>();
                 }
               }
               DIGNN_UNROLL
-              for (int u = 0; u < kRowUnroll; ++u) {
+              for (int u = 0; u < kCudaRowUnroll; ++u) {
                 DIGNN_UNROLL
-                for (int t = 0; t < kVecsPerLane; ++t) {
+                for (int t = 0; t < kCudaVecsPerLane; ++t) {
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) {
                     acc[t].v[c] = simt::madd(wt[u], yv[u][t].v[c], acc[t].v[c]);
@@ -170,8 +166,7 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
             }
           }
           if (make_w && edge_valid) A.w_out[e] = w_mine;
-          cur = next;
-        }
+        });
 
         if (make_w) {
           if (!heavy) {
@@ -182,14 +177,14 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
               rs = rc.ca;
             }
           } else if (lane == 0) {
-            A.partial_kappa[it.slot] = kappa;
+            A.partial_kappa[sg.slot] = kappa;
           }
         }
         if (nvec > 0) {
           if (!heavy) {  // out_i = b_i + cy y_i + rs (W y)_i, and the step norms
             const T* b_i = A.b + i * d;
             DIGNN_UNROLL
-            for (int t = 0; t < kVecsPerLane; ++t) {
+            for (int t = 0; t < kCudaVecsPerLane; ++t) {
               const int64_t vi = cb + lane + t * G;
               if (vi < nvec) {
                 const Pack<T, V> yi = load_ro<T, V>(y_i + vi * V);
@@ -208,9 +203,9 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
               }
             }
           } else {  // this segment's share of (W y)_i
-            T* slot = A.partial + it.slot * d;
+            T* slot = A.partial + sg.slot * d;
             DIGNN_UNROLL
-            for (int t = 0; t < kVecsPerLane; ++t) {
+            for (int t = 0; t < kCudaVecsPerLane; ++t) {
               const int64_t vi = cb + lane + t * G;
               if (vi < nvec) store<T, V>(slot + vi * V, acc[t]);
             }
@@ -231,19 +226,19 @@ DIGNN_KERNEL(kThreads) row_pass_kernel(const RowPassArgs<T> A) {
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
 template <typename T, bool kNeural>
-DIGNN_KERNEL(kThreads) row_combine_kernel(const RowPassArgs<T> A) {
-  constexpr int kGroups = kThreads / 32;
+DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
+  constexpr int kGroups = kCudaBlockThreads / 32;
   const Group<32> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / 32;
   const int64_t index = simt::block_idx() * kGroups + group_in_block;
   T row_diff = T(0), row_out = T(0);
 
-  if (index < sched_total(A.sched, 2)) {
+  if (index < sched_total(A.sched, kScheduleHeavyRows)) {
     const int64_t i = A.sched.heavy_row[index];
-    const int64_t first_item = sched_before(A.sched, i, 0);
-    const int64_t nseg = sched_upto(A.sched, i, 0) - first_item;
-    const int64_t slot0 = sched_before(A.sched, i, 1);
+    const int64_t first_segment = sched_before(A.sched, i, kScheduleSegments);
+    const int64_t nseg = sched_upto(A.sched, i, kScheduleSegments) - first_segment;
+    const int64_t slot0 = sched_before(A.sched, i, kScheduleHeavySlots);
     const bool carry = A.converged != nullptr && *A.converged != 0;
     const int64_t d = A.y != nullptr ? A.d : 0;
     T cy = T(0), rs = T(0);
@@ -283,44 +278,18 @@ DIGNN_KERNEL(kThreads) row_combine_kernel(const RowPassArgs<T> A) {
   }
 }
 
-template <typename T, int V, int G>
-int launch_row_pass_vg(const RowPassArgs<T>& A, bool neural, simt::Stream stream) {
-  if (neural) {
-    return simt::launch(&row_pass_kernel<T, V, G, true>, A.plan.main_blocks, kThreads, stream, A);
-  }
-  return simt::launch(&row_pass_kernel<T, V, G, false>, A.plan.main_blocks, kThreads, stream, A);
-}
-
-template <typename T, int V>
-int launch_row_pass_v(const RowPassArgs<T>& A, bool neural, simt::Stream stream) {
-  switch (A.plan.group) {
-    case 4:
-      return launch_row_pass_vg<T, V, 4>(A, neural, stream);
-    case 8:
-      return launch_row_pass_vg<T, V, 8>(A, neural, stream);
-    case 16:
-      return launch_row_pass_vg<T, V, 16>(A, neural, stream);
-    default:
-      return launch_row_pass_vg<T, V, 32>(A, neural, stream);
-  }
-}
-
-// The item kernel, then the heavy-row kernel.
+// The segment kernel, then the heavy-row kernel.
 template <typename T>
-int run_row_pass(const RowPassArgs<T>& A, simt::Stream stream) {
-  const bool neural = A.neural;
-  int status = 0;
-  if constexpr (std::is_same<T, float>::value) {
-    status = A.plan.vec == 4 ? launch_row_pass_v<T, 4>(A, neural, stream)
-                             : launch_row_pass_v<T, 1>(A, neural, stream);
-  } else {
-    status = launch_row_pass_v<T, 1>(A, neural, stream);
-  }
+int launch_row_pass(const RowPassArgs<T>& A, simt::Stream stream) {
+  const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
+    constexpr int V = decltype(vec)::value, G = decltype(group)::value;
+    const auto kernel =
+        A.neural ? &row_pass_kernel<T, V, G, true> : &row_pass_kernel<T, V, G, false>;
+    return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
+  });
   if (status != 0) return status;
-  if (neural) {
-    return simt::launch(&row_combine_kernel<T, true>, A.plan.combine_blocks, kThreads, stream, A);
-  }
-  return simt::launch(&row_combine_kernel<T, false>, A.plan.combine_blocks, kThreads, stream, A);
+  const auto combine = A.neural ? &row_combine_kernel<T, true> : &row_combine_kernel<T, false>;
+  return simt::launch(combine, A.plan.combine_blocks, kCudaBlockThreads, stream, A);
 }
 
 }  // namespace DIGNN_SIMT_NS

@@ -6,9 +6,9 @@
 //   emulator in which every CUDA thread of a block is a fiber (run round-robin until it waits),
 //   warp shuffles exchange values through per-thread slots guarded by per-group barriers, and
 //   __syncthreads is a block barrier. Blocks run one after another. It exists so that the
-//   kernels' logic (indexing,
-//   sub-warp groups, heavy-row splits, fixed-order reductions, convergence flags) is tested on
-//   machines without a GPU (tests/test_cuda_emulated.py); it is never part of the package.
+//   kernels' logic (indexing, sub-warp groups, heavy rows and their segments, fixed-order
+//   reductions, convergence flags) is tested on machines without a GPU
+//   (tests/test_cuda_emulated.py); it is never part of the package.
 //
 // Kernels only use: thread_idx(), block_idx(), sync_block(), shfl/shfl_xor within a group of
 // `width` consecutive lanes whose mask is exactly that group, ldg, fused multiply-add, and

@@ -6,14 +6,14 @@ namespace DIGNN_SIMT_NS {
 
 int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
                            simt::Stream stream) {
-  return simt::launch(&schedule_counts_kernel, ceil_div(n, kReduceThreads), kReduceThreads,
-                      stream, rowptr, n, counts);
+  return simt::launch(&schedule_counts_kernel, ceil_div(n, kCudaReduceThreads),
+                      kCudaReduceThreads, stream, rowptr, n, counts);
 }
 
-int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* item_row, int32_t* heavy_row,
-                         simt::Stream stream) {
-  return simt::launch(&schedule_fill_kernel, ceil_div(n, kReduceThreads), kReduceThreads,
-                      stream, incl, n, item_row, heavy_row);
+int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* segment_row,
+                         int32_t* heavy_row, simt::Stream stream) {
+  return simt::launch(&schedule_fill_kernel, ceil_div(n, kCudaReduceThreads),
+                      kCudaReduceThreads, stream, incl, n, segment_row, heavy_row);
 }
 
 template <typename T>

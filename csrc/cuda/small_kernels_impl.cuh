@@ -10,9 +10,9 @@ namespace DIGNN_SIMT_NS {
 
 // counts[c][i], [3][n]: c = 0 the segments of row i, 1 the same when the row is heavy (more
 // than one segment) else 0, 2 one when the row is heavy else 0.
-DIGNN_KERNEL(kReduceThreads) schedule_counts_kernel(const int64_t* rowptr, int64_t n,
-                                                    int64_t* counts) {
-  const int64_t i = simt::block_idx() * kReduceThreads + simt::thread_idx();
+DIGNN_KERNEL(kCudaReduceThreads) schedule_counts_kernel(const int64_t* rowptr, int64_t n,
+                                                        int64_t* counts) {
+  const int64_t i = simt::block_idx() * kCudaReduceThreads + simt::thread_idx();
   if (i >= n) return;
   const int64_t deg = rowptr[i + 1] - rowptr[i];
   const int64_t nseg = deg > kSegmentEdges ? ceil_div(deg, kSegmentEdges) : 1;
@@ -22,21 +22,22 @@ DIGNN_KERNEL(kReduceThreads) schedule_counts_kernel(const int64_t* rowptr, int64
   counts[2 * n + i] = heavy ? 1 : 0;
 }
 
-// From the inclusive sums of the counts: item_row for every item, heavy_row for every heavy row.
-DIGNN_KERNEL(kReduceThreads) schedule_fill_kernel(const int64_t* incl, int64_t n,
-                                                  int32_t* item_row, int32_t* heavy_row) {
-  const int64_t i = simt::block_idx() * kReduceThreads + simt::thread_idx();
+// From the inclusive sums of the counts: segment_row for every segment, heavy_row for every
+// heavy row.
+DIGNN_KERNEL(kCudaReduceThreads) schedule_fill_kernel(const int64_t* incl, int64_t n,
+                                                      int32_t* segment_row, int32_t* heavy_row) {
+  const int64_t i = simt::block_idx() * kCudaReduceThreads + simt::thread_idx();
   if (i >= n) return;
   const int64_t first = i > 0 ? incl[i - 1] : 0;
   const int64_t last = incl[i];
-  for (int64_t it = first; it < last; ++it) item_row[it] = static_cast<int32_t>(i);
+  for (int64_t sg = first; sg < last; ++sg) segment_row[sg] = static_cast<int32_t>(i);
   if (last - first > 1) heavy_row[incl[2 * n + i] - 1] = static_cast<int32_t>(i);
 }
 
 template <typename T>
-DIGNN_KERNEL(kReduceThreads) row_coefficients_kernel(const T* chi, const T* kappa, T inv_mu,
-                                                     int64_t n, T* cy, T* ca) {
-  const int64_t i = simt::block_idx() * kReduceThreads + simt::thread_idx();
+DIGNN_KERNEL(kCudaReduceThreads) row_coefficients_kernel(const T* chi, const T* kappa,
+                                                         T inv_mu, int64_t n, T* cy, T* ca) {
+  const int64_t i = simt::block_idx() * kCudaReduceThreads + simt::thread_idx();
   if (i >= n) return;
   const RowCoefficients<T> rc = row_coefficients(chi[i], kappa[i], inv_mu);
   cy[i] = rc.cy;
@@ -45,10 +46,11 @@ DIGNN_KERNEL(kReduceThreads) row_coefficients_kernel(const T* chi, const T* kapp
 
 // out_i = sum_k values_k over row i; one warp per row, lane-strided then a fixed butterfly.
 template <typename T>
-DIGNN_KERNEL(kThreads) row_sums_kernel(const int64_t* rowptr, const T* values, int64_t n,
-                                       T* out) {
+DIGNN_KERNEL(kCudaBlockThreads) row_sums_kernel(const int64_t* rowptr, const T* values,
+                                                int64_t n, T* out) {
   const Group<32> grp;
-  const int64_t i = simt::block_idx() * (kThreads / 32) + simt::thread_idx() / 32;
+  const int64_t i =
+      simt::block_idx() * (kCudaBlockThreads / kCudaWarpLanes) + simt::thread_idx() / 32;
   if (i >= n) return;  // whole warps only
   T s = T(0);
   for (int64_t k = rowptr[i] + grp.lane; k < rowptr[i + 1]; k += 32) s += values[k];
@@ -82,7 +84,7 @@ constexpr int64_t kSumSquaresPerThread = 8;
 constexpr int64_t kMaxSumSquaresBlocks = 1024;
 
 DIGNN_HOST_DEV int64_t sum_squares_blocks_impl(int64_t count) {
-  const int64_t per_block = kReduceThreads * kSumSquaresPerThread;
+  const int64_t per_block = kCudaReduceThreads * kSumSquaresPerThread;
   int64_t blocks = ceil_div(count, per_block);
   if (blocks > kMaxSumSquaresBlocks) blocks = kMaxSumSquaresBlocks;
   return blocks < 1 ? 1 : blocks;
@@ -91,16 +93,18 @@ DIGNN_HOST_DEV int64_t sum_squares_blocks_impl(int64_t count) {
 // ||x||^2 (squares in T, sums in double) as block sums, written twice: iteration 1 of a solve
 // from zero has out = x and out - previous = x.
 template <typename T>
-DIGNN_KERNEL(kReduceThreads) sum_squares_kernel(const T* x, int64_t count, double* block_norms) {
-  const int64_t stride = static_cast<int64_t>(kReduceThreads) * sum_squares_blocks_impl(count);
+DIGNN_KERNEL(kCudaReduceThreads) sum_squares_kernel(const T* x, int64_t count,
+                                                    double* block_norms) {
+  const int64_t stride =
+      static_cast<int64_t>(kCudaReduceThreads) * sum_squares_blocks_impl(count);
   double s = 0.0;
-  for (int64_t k = simt::block_idx() * kReduceThreads + simt::thread_idx(); k < count;
+  for (int64_t k = simt::block_idx() * kCudaReduceThreads + simt::thread_idx(); k < count;
        k += stride) {
     const T v = x[k];
     s += static_cast<double>(v * v);
   }
   double s2 = s;
-  block_sum2<kReduceThreads>(s, s2);
+  block_sum2<kCudaReduceThreads>(s, s2);
   if (simt::thread_idx() == 0) {
     block_norms[2 * simt::block_idx()] = s;
     block_norms[2 * simt::block_idx() + 1] = s;
@@ -160,20 +164,20 @@ DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64
 template <typename T>
 int run_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
                          simt::Stream stream) {
-  return simt::launch(&row_coefficients_kernel<T>, ceil_div(n, kReduceThreads), kReduceThreads,
-                      stream, chi, kappa, inv_mu, n, cy, ca);
+  return simt::launch(&row_coefficients_kernel<T>, ceil_div(n, kCudaReduceThreads),
+                      kCudaReduceThreads, stream, chi, kappa, inv_mu, n, cy, ca);
 }
 
 template <typename T>
 int run_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
                  simt::Stream stream) {
-  return simt::launch(&row_sums_kernel<T>, ceil_div(n, kThreads / 32), kThreads, stream, rowptr,
-                      values, n, out);
+  return simt::launch(&row_sums_kernel<T>, ceil_div(n, kCudaBlockThreads / kCudaWarpLanes),
+                      kCudaBlockThreads, stream, rowptr, values, n, out);
 }
 
 template <typename T>
 int run_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream) {
-  return simt::launch(&sum_squares_kernel<T>, sum_squares_blocks_impl(count), kReduceThreads,
+  return simt::launch(&sum_squares_kernel<T>, sum_squares_blocks_impl(count), kCudaReduceThreads,
                       stream, x, count, block_norms);
 }
 

@@ -48,8 +48,13 @@
 #include <cmath>
 #include <cstdint>
 
+// Always inlined: the CPU's SIMD passes instantiate these templates on vector types from code
+// compiled for a wider instruction set than the template's own definition (see
+// csrc/cpu/passes_impl.h); inlined, they take the caller's.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define DIGNN_HOST_DEVICE __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define DIGNN_HOST_DEVICE inline __attribute__((always_inline))
 #else
 #define DIGNN_HOST_DEVICE inline
 #endif
@@ -83,33 +88,73 @@ DIGNN_HOST_DEVICE void tanh_sech2(T x, T& t, T& s2) {
   s2 = T(4) * e / ((T(1) + e) * (T(1) + e));
 }
 
-// W_ij = a_ij tanh(1/(rho + eps)) tanh(|pi|)   (eq. 13, 14)
+// ------------------------------------------------------- the neural edge weight --
+// The formulas below are written once for any value type V with + - * / and comparisons:
+// float or double (the scalar code of every backend), or a GCC vector of them (the CPU's
+// SIMD passes, which bring their own tanh, csrc/cpu/passes_impl.h). Zero is V{}. Arguments
+// are references: GCC would warn that a wide vector passed by value changes the ABI.
+
+// s_ij = 1 / (rho_ij + eps), the argument of eq. 14's tanh.
+template <typename V, typename S>
+DIGNN_HOST_DEVICE V inverse_distance(const V& rho, S eps) {
+  return 1 / (rho + eps);
+}
+
+// W_ij = varphi_ij^2 phi_ij = a_ij tanh(s_ij) tanh(|pi_ij|)   (eq. 13, 14) from its factors
+// t = tanh(s_ij) (varphi_ij^2 = a_ij t) and phi = tanh(|pi_ij|).
+template <typename V>
+DIGNN_HOST_DEVICE V edge_weight(const V& a, const V& t, const V& phi) {
+  return a * t * phi;
+}
+
 template <typename T>
 DIGNN_HOST_DEVICE T neural_edge_weight(T a, T pi, T rho, T eps) {
-  return a * dignn_tanh(T(1) / (rho + eps)) * dignn_tanh(dignn_abs(pi));
+  return edge_weight(a, dignn_tanh(inverse_distance(rho, eps)), dignn_tanh(dignn_abs(pi)));
 }
 
-template <typename T>
-struct EdgeWeightPartials {
-  T w;        // W_ij
-  T dw_dpi;   // dW/dpi   = a tanh(1/(rho+eps)) (1 - phi^2) sign(pi)
-  T dw_drho;  // dW/drho  = -a phi (1 - t^2) / (rho + eps)^2,  t = tanh(1/(rho+eps))
+// The tanh factors of an edge's weight with 1 - tanh^2 of each, for its derivatives.
+template <typename V>
+struct EdgeTanhFactors {
+  V s;       // 1 / (rho + eps)
+  V t;       // tanh(s)
+  V t_s2;    // 1 - t^2
+  V phi;     // tanh(|pi|)
+  V phi_s2;  // 1 - phi^2
 };
 
-template <typename T>
-DIGNN_HOST_DEVICE EdgeWeightPartials<T> neural_edge_weight_partials(T a, T pi, T rho,
-                                                                    T eps) {
-  const T s = T(1) / (rho + eps);
-  T t, t_s2, phi, phi_s2;  // tanh and 1 - tanh^2 of s and of |pi|
-  tanh_sech2(s, t, t_s2);
-  tanh_sech2(dignn_abs(pi), phi, phi_s2);
-  const T sign = pi > T(0) ? T(1) : (pi < T(0) ? T(-1) : T(0));
-  EdgeWeightPartials<T> out;
-  out.w = a * t * phi;
-  out.dw_dpi = a * t * phi_s2 * sign;
-  out.dw_drho = -a * phi * t_s2 * s * s;
-  return out;
+// The per-edge scalars of the gradient pass from G = dl/dW_ij (appendix "Training for
+// DIGNNs"): cp = G dW/dpi, the coefficient of p_j in dl/dp_i, and cq = G (dW/drho) / rho, that
+// of (q_i - q_j) in dl/dq_i (0 at rho = 0), with
+//   dW/dpi  = a tanh(s) (1 - phi^2) sign(pi)
+//   dW/drho = -a phi (1 - tanh(s)^2) s^2        (ds/drho = -s^2).
+template <typename V>
+struct EdgeGradScalars {
+  V cp;
+  V cq;
+};
+
+template <typename V>
+DIGNN_HOST_DEVICE EdgeGradScalars<V> edge_grad_scalars(const V& a, const V& g, const V& pi,
+                                                       const V& rho,
+                                                       const EdgeTanhFactors<V>& f) {
+  const V zero{};
+  const V sign = pi > zero ? zero + 1 : (pi < zero ? zero - 1 : zero);
+  const V dw_dpi = a * f.t * f.phi_s2 * sign;
+  const V dw_drho = -a * f.phi * f.t_s2 * f.s * f.s;
+  // (rho > 0 ? rho : 1): no division by zero in the lanes of a vector that are dropped
+  return {g * dw_dpi, rho > zero ? g * dw_drho / (rho > zero ? rho : zero + 1) : zero};
 }
+
+template <typename T>
+DIGNN_HOST_DEVICE EdgeGradScalars<T> neural_edge_grad_scalars(T a, T g, T pi, T rho, T eps) {
+  EdgeTanhFactors<T> f;
+  f.s = inverse_distance(rho, eps);
+  tanh_sech2(f.s, f.t, f.t_s2);
+  tanh_sech2(dignn_abs(pi), f.phi, f.phi_s2);
+  return edge_grad_scalars(a, g, pi, rho, f);
+}
+
+// ---------------------------------------------------------- the fixed-point map --
 
 // Row coefficients of the fixed-point map: z_i <- x_i + cy z_i + ca (W Z)_i.
 template <typename T>

@@ -1,7 +1,6 @@
-// Argument checks of the dignn ops, written once for every backend: the CPU ops
-// (csrc/cpu/ops_cpu.cpp) and the GPU host code (csrc/cuda/ops_impl.h, also compiled for the
-// kernels' host emulator) call the same functions, so a bad argument gets the same message
-// everywhere.
+// Argument checks of the dignn ops, called by the ops' code that every backend shares
+// (csrc/ops/building_blocks.h, csrc/ops/solve.h; on the GPU also compiled for the kernels'
+// host emulator), so a bad argument gets the same message everywhere.
 //
 // Two kinds:
 // - shape, dtype and device checks, O(1): every op runs them first (check_*_args below), in
@@ -55,12 +54,13 @@ inline void check_values(const at::Tensor& t, const char* name, at::IntArrayRef 
 // The node signal that fixes n: a row count that differs from the CSR's is reported as the
 // CSR's problem (a rowptr one entry short is the usual mistake), naming both.
 inline void check_features(const at::Tensor& x, const char* name, int64_t n,
-                           const at::Tensor& rowptr, const char* rowptr_name = "rowptr") {
+                           const at::Tensor& rowptr) {
   TORCH_CHECK(x.dim() == 2, name, " must be 2-D (nodes x channels), got shape ", x.sizes());
-  TORCH_CHECK(x.size(0) == n, rowptr_name, " has ", n, " + 1 entries for ", n, " rows but ",
-              name, " has ", x.size(0), " rows (", name, " has ", x.size(0),
-              " rows but the graph has ", n, " nodes): ", rowptr_name,
-              " must hold num_nodes + 1 row offsets and ", name, " one row per node");
+  TORCH_CHECK(x.size(0) == n, "rowptr has ", n, " + 1 entries for ", n, " rows but ", name,
+              " has ", x.size(0), " rows (", name, " has ", x.size(0),
+              " rows but the graph has ", n,
+              " nodes): rowptr must hold num_nodes + 1 row offsets and ", name,
+              " one row per node");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, name,
               " must be float32 or float64, got ", x.scalar_type());
   TORCH_CHECK(x.device() == rowptr.device(), name, " is on ", x.device(),
@@ -79,10 +79,8 @@ inline void check_solve_scalars(double mu, double eps, int64_t max_iter) {
 
 // The CSR and one value per edge; returns n.
 inline int64_t check_graph_signal(const at::Tensor& rowptr, const at::Tensor& col,
-                                  const at::Tensor& values, const char* values_name,
-                                  const char* rowptr_name = "rowptr",
-                                  const char* col_name = "col") {
-  check_csr(rowptr, col, rowptr_name, col_name);
+                                  const at::Tensor& values, const char* values_name) {
+  check_csr(rowptr, col, "rowptr", "col");
   TORCH_CHECK(values.dim() == 1 && values.numel() == col.numel(), values_name,
               " must hold one value per edge (", col.numel(), "), got shape ", values.sizes());
   return num_rows(rowptr);
@@ -154,36 +152,16 @@ inline int64_t check_neural_edge_weights_backward_args(
   return n;
 }
 
-inline int64_t check_neural_diffusion_step_args(const at::Tensor& rowptr, const at::Tensor& col,
-                                                const at::Tensor& a, const at::Tensor& p,
-                                                const at::Tensor& q, const at::Tensor& chi,
-                                                const at::Tensor& x, const at::Tensor& z,
-                                                double mu, double eps) {
-  const int64_t n = check_graph_signal(rowptr, col, a, "a");
+inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                         const at::Tensor& w, const at::Tensor& chi,
+                                         const at::Tensor& kappa, const at::Tensor& x,
+                                         const at::Tensor& z, double mu) {
+  const int64_t n = check_graph_signal(rowptr, col, w, "w");
   check_features(x, "x", n, rowptr);
   check_values(z, "z", x.sizes(), x, rowptr);
-  check_projections(p, q, x, n, rowptr);
-  check_values(chi, "chi", {n}, x, rowptr);
-  check_values(a, "a", {col.numel()}, x, rowptr);
-  check_scalars(mu, eps);
-  return n;
-}
-
-// diffusion_step (rowptr, col, w; x, z) and adjoint_step (t_rowptr, t_col, t_w; g, u).
-inline int64_t check_cached_step_args(const at::Tensor& rowptr, const at::Tensor& col,
-                                      const at::Tensor& w, const at::Tensor& chi,
-                                      const at::Tensor& kappa, const at::Tensor& x,
-                                      const at::Tensor& z, double mu, bool adjoint) {
-  const char* const rp_name = adjoint ? "t_rowptr" : "rowptr";
-  const char* const w_name = adjoint ? "t_w" : "w";
-  const char* const x_name = adjoint ? "g" : "x";
-  const int64_t n = check_graph_signal(rowptr, col, w, w_name, rp_name,
-                                       adjoint ? "t_col" : "col");
-  check_features(x, x_name, n, rowptr, rp_name);
-  check_values(z, adjoint ? "u" : "z", x.sizes(), x, rowptr);
   check_values(chi, "chi", {n}, x, rowptr);
   check_values(kappa, "kappa", {n}, x, rowptr);
-  check_values(w, w_name, {col.numel()}, x, rowptr);
+  check_values(w, "w", {col.numel()}, x, rowptr);
   check_scalars(mu, 1.0);
   return n;
 }

@@ -1,5 +1,6 @@
-// The dignn operator library: one schema per op. Kernels register per device in
-// csrc/cpu/ and csrc/cuda/; fake (meta) kernels and the autograd formulas of the two
+// The dignn operator library: one schema per op. Each op's code is written once
+// (csrc/ops/solve.h, csrc/ops/building_blocks.h) and registered per device over that
+// backend's passes (csrc/cpu/ops_cpu.cpp, csrc/cuda/ops_cuda.cpp); fake (meta) kernels and the autograd formulas of the two
 // differentiable ops (implicit_diffusion, neural_edge_weights) are registered from
 // dignn_kernels/ops.py; the other ops are building blocks and passes of a backward, so
 // their Autograd kernel raises if someone differentiates through them.
@@ -20,17 +21,10 @@ TORCH_LIBRARY(dignn, m) {
   m.def("neural_edge_weights_backward(Tensor rowptr, Tensor col, Tensor a, Tensor p, "
         "Tensor q, float eps, Tensor grad_w, Tensor t_rowptr, Tensor t_col, Tensor t_perm) "
         "-> (Tensor grad_p, Tensor grad_q)");
-  // Fused forward pass: edge weights from (p, q) and z_next = x - (1/mu) Delta z.
-  m.def("neural_diffusion_step(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
-        "Tensor chi, Tensor x, Tensor z, float mu, float eps) "
-        "-> (Tensor z_next, Tensor w, Tensor kappa)");
   // Cached-weight forward pass: z_next = x - (1/mu) Delta z.
   m.def("diffusion_step(Tensor rowptr, Tensor col, Tensor w, Tensor chi, Tensor kappa, "
         "Tensor x, Tensor z, float mu) -> Tensor");
-  // Cached-weight adjoint pass on the CSR of W^T: u_next = g - (1/mu) Delta^T u.
-  m.def("adjoint_step(Tensor t_rowptr, Tensor t_col, Tensor t_w, Tensor chi, Tensor kappa, "
-        "Tensor g, Tensor u, float mu) -> Tensor");
-  // The general row pass under the steps above: out = b + cy * y + rs * (W y), with
+  // The general row pass under the step above and the adjoint: out = b + cy * y + rs * (W y), with
   // cy and rs per row (any linear fixed-point or Krylov iteration on the Laplacian).
   m.def("csr_fma(Tensor rowptr, Tensor col, Tensor w, Tensor y, Tensor b, Tensor cy, "
         "Tensor rs) -> Tensor");
@@ -65,9 +59,8 @@ TORCH_LIBRARY(dignn, m) {
 }
 
 TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
-  for (const char* name : {"check_graph", "neural_edge_weights_backward", "neural_diffusion_step",
-                           "diffusion_step", "adjoint_step", "csr_fma", "neural_weight_grad",
-                           "implicit_diffusion_backward"}) {
+  for (const char* name : {"check_graph", "neural_edge_weights_backward", "diffusion_step",
+                           "csr_fma", "neural_weight_grad", "implicit_diffusion_backward"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

@@ -1,0 +1,58 @@
+// The parts of the CPU's Passes that are not one kernel call (cpu_passes.h).
+#include "cpu/cpu_passes.h"
+
+#include <ATen/Dispatch.h>
+
+#include <cmath>
+
+#include "dignn/laplacian_math.h"
+
+namespace dignn {
+namespace cpu {
+
+Residual::Residual(const at::Tensor& b, double tol) : tol_(tol) {
+  norms_.diff_sq = norms_.out_sq = b.square().sum(at::kDouble).item<double>();
+}
+
+bool Residual::stopped() const {
+  const bool finite = std::isfinite(norms_.diff_sq) && std::isfinite(norms_.out_sq);
+  return !finite || norms_.diff_sq <= tol_ * tol_ * norms_.out_sq;
+}
+
+at::Tensor Residual::stats() const {
+  const double res = std::sqrt(norms_.diff_sq);
+  const double rel = norms_.out_sq > 0.0 ? res / std::sqrt(norms_.out_sq) : 0.0;
+  return at::tensor({static_cast<double>(iterations_), res, rel}, at::kDouble);
+}
+
+at::Tensor CpuPasses::row_sums(const at::Tensor& rowptr, const at::Tensor& values) const {
+  const int64_t n = num_rows(rowptr);
+  at::Tensor out = at::zeros({n}, values.options());
+  if (values.numel() == 0) return out;
+  at::Tensor counts = rowptr.narrow(0, 1, n) - rowptr.narrow(0, 0, n);
+  at::Tensor rows = at::repeat_interleave(at::arange(n, rowptr.options()), counts);
+  return out.index_add_(0, rows, values);
+}
+
+std::pair<at::Tensor, at::Tensor> CpuPasses::coefficients(const at::Tensor& chi,
+                                                          const at::Tensor& kappa,
+                                                          double inv_mu) const {
+  at::Tensor cy = at::empty_like(chi);
+  at::Tensor ca = at::empty_like(chi);
+  AT_DISPATCH_FLOATING_TYPES(chi.scalar_type(), "row_coefficients", [&] {
+    const scalar_t* c = chi.data_ptr<scalar_t>();
+    const scalar_t* k = kappa.data_ptr<scalar_t>();
+    scalar_t* y = cy.data_ptr<scalar_t>();
+    scalar_t* a = ca.data_ptr<scalar_t>();
+    const scalar_t im = static_cast<scalar_t>(inv_mu);
+    for (int64_t i = 0; i < chi.numel(); ++i) {
+      const RowCoefficients<scalar_t> rc = row_coefficients(c[i], k[i], im);
+      y[i] = rc.cy;
+      a[i] = rc.ca;
+    }
+  });
+  return {cy, ca};
+}
+
+}  // namespace cpu
+}  // namespace dignn

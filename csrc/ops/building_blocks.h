@@ -1,0 +1,121 @@
+// The dignn ops other than the implicit layer's solves (csrc/ops/solve.h), written once for
+// every backend (a Passes class, csrc/ops/passes.h): the graph check, the neural edge weights
+// and their backward, and the single row and gradient passes. Schemas in
+// csrc/ops/schemas.cpp, math in csrc/dignn/laplacian_math.h.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "ops/checks.h"
+#include "ops/passes.h"
+#include "ops/solve.h"
+
+namespace dignn {
+namespace ops {
+
+template <typename Passes>
+void check_graph(const at::Tensor& rowptr, const at::Tensor& col, int64_t num_nodes,
+                 const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
+  const Transposed t = check_graph_args(rowptr, col, num_nodes, t_rowptr, t_col, t_perm);
+  Passes(rowptr).check_graph_data(rowptr, col, t);
+}
+
+// W and kappa (eq. 13-14).
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor> neural_edge_weights(const at::Tensor& rowptr,
+                                                       const at::Tensor& col, const at::Tensor& a,
+                                                       const at::Tensor& p, const at::Tensor& q,
+                                                       double eps) {
+  const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
+  const Passes passes(p);
+  at::Tensor w = at::empty({col.numel()}, p.options());
+  at::Tensor kappa = at::empty({n}, p.options());
+  if (n > 0) {
+    passes.edge_weights(passes.csr(rowptr.contiguous(), col),
+                        NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}, w,
+                        kappa);
+  }
+  return {w, kappa};
+}
+
+// dl/dp, dl/dq from dl/dW per edge.
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor> neural_edge_weights_backward(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
+    const at::Tensor& q, double eps, const at::Tensor& grad_w, const at::Tensor& t_rowptr,
+    const at::Tensor& t_col, const at::Tensor& t_perm) {
+  const int64_t n = check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w,
+                                                            t_rowptr, t_col, t_perm);
+  const Passes passes(p);
+  at::Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
+  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+  if (n == 0) return {grad_p, grad_q};
+  const NeuralEdges edges{a.contiguous(), p.contiguous(), q.contiguous(), eps};
+  const at::Tensor gw = grad_w.contiguous();
+  const at::Tensor perm = t_perm.contiguous();
+  const typename Passes::Csr csr = passes.csr(rowptr.contiguous(), col);
+  const typename Passes::Csr t_csr = passes.csr(t_rowptr.contiguous(), t_col);
+  passes.weight_grads(csr, &t_csr, edges, edges.a.index_select(0, perm),
+                      EdgeGradient::per_edge(gw, gw.index_select(0, perm)), grad_p, grad_q);
+  return {grad_p, grad_q};
+}
+
+// dl/dp, dl/dq with G_ij = v_i . (z_j - z_i).
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
+    const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
+    const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
+  const Transposed t =
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
+  const Passes passes(z);
+  at::Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
+  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+  if (num_rows(rowptr) == 0) return {grad_p, grad_q};
+  const typename Passes::Csr csr = passes.csr(rowptr.contiguous(), col);
+  std::optional<typename Passes::Csr> t_csr;
+  if (t.defined()) t_csr.emplace(passes.csr(t.rowptr, t.col));
+  weight_grads_from_adjoint(passes, csr, t_csr ? &*t_csr : nullptr, t,
+                            NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps},
+                            z.contiguous(), v.contiguous(), grad_p, grad_q);
+  return {grad_p, grad_q};
+}
+
+// out = b + cy.y + rs.(W y).
+template <typename Passes>
+at::Tensor csr_fma(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
+                   const at::Tensor& y, const at::Tensor& b, const at::Tensor& cy,
+                   const at::Tensor& rs) {
+  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
+  const Passes passes(y);
+  at::Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
+  if (n > 0) {
+    const RowMap map{w.contiguous(), b.contiguous(), cy.contiguous(), rs.contiguous()};
+    passes.row_pass(passes.csr(rowptr.contiguous(), col), map, y.contiguous(), out);
+  }
+  return out;
+}
+
+// One forward step with cached weights: x - (1/mu) Delta z.
+template <typename Passes>
+at::Tensor diffusion_step(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
+                          const at::Tensor& chi, const at::Tensor& kappa, const at::Tensor& x,
+                          const at::Tensor& z, double mu) {
+  const int64_t n = check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu);
+  const Passes passes(x);
+  at::Tensor cy, ca;
+  std::tie(cy, ca) = passes.coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  if (n > 0) {
+    passes.row_pass(passes.csr(rowptr.contiguous(), col),
+                    RowMap{w.contiguous(), x.contiguous(), cy, ca}, z.contiguous(), out);
+  }
+  return out;
+}
+
+}  // namespace ops
+}  // namespace dignn

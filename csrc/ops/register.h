@@ -1,0 +1,26 @@
+// Every dignn op (schemas in csrc/ops/schemas.cpp) with its kernel written over one backend's
+// Passes (csrc/ops/passes.h): what csrc/cpu/ops_cpu.cpp and csrc/cuda/ops_cuda.cpp register with
+// the dispatcher, and the kernels' emulator (tests/cuda_emulation) with Python.
+#pragma once
+
+#include "ops/building_blocks.h"
+#include "ops/solve.h"
+
+namespace dignn {
+namespace ops {
+
+// Calls add(name, kernel) for every op, kernel a function pointer.
+template <typename Passes, typename Add>
+void for_each_kernel(Add&& add) {
+  add("check_graph", &check_graph<Passes>);
+  add("neural_edge_weights", &neural_edge_weights<Passes>);
+  add("neural_edge_weights_backward", &neural_edge_weights_backward<Passes>);
+  add("diffusion_step", &diffusion_step<Passes>);
+  add("csr_fma", &csr_fma<Passes>);
+  add("neural_weight_grad", &neural_weight_grad<Passes>);
+  add("implicit_diffusion", &implicit_diffusion<Passes>);
+  add("implicit_diffusion_backward", &implicit_diffusion_backward<Passes>);
+}
+
+}  // namespace ops
+}  // namespace dignn

@@ -1,0 +1,165 @@
+// The implicit layer's two solves, written once for every backend (a Passes class,
+// csrc/ops/passes.h): dignn::implicit_diffusion, the forward fixed point
+// Z = X - (1/mu) Delta Z (eq. iter), and dignn::implicit_diffusion_backward, the adjoint solve
+// and the gradient pass (appendix "Training for DIGNNs"). Math in csrc/dignn/laplacian_math.h.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "ops/checks.h"
+#include "ops/passes.h"
+
+namespace dignn {
+namespace ops {
+
+// Iterations t = 2..max_iter of a solve from Y_0 = 0 (iteration 1, Y_1 = B, is the caller's):
+// `step(t)` writes Y_t to y.next from y.current and records its residual. The loop ends early
+// when the residual says so (only where the backend reads it on the host, see passes.h).
+template <typename Residual, typename Step>
+void fixed_point_iterations(const Residual& residual, int64_t max_iter, Iterates& y,
+                            Step&& step) {
+  for (int64_t t = 2; t <= max_iter && !residual.stopped(); ++t) {
+    step(t);
+    y.advance();
+  }
+}
+
+// dl/dp, dl/dq with G_ij = v_i . (z_j - z_i) (appendix "Training for DIGNNs"): one pass over
+// the CSR on a symmetric graph, else one over the CSR and one over the transposed CSR t_csr.
+template <typename Passes>
+void weight_grads_from_adjoint(const Passes& passes, const typename Passes::Csr& csr,
+                               const typename Passes::Csr* t_csr, const Transposed& t,
+                               const NeuralEdges& edges, const at::Tensor& z,
+                               const at::Tensor& v, at::Tensor& grad_p, at::Tensor& grad_q) {
+  const at::Tensor t_a = t.defined() ? edges.a.index_select(0, t.perm) : at::Tensor();
+  passes.weight_grads(csr, t.defined() ? t_csr : nullptr, edges, t_a,
+                      EdgeGradient::from_adjoint(z, v), grad_p, grad_q);
+}
+
+// stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] (schemas.cpp).
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& edge_value,
+    const at::Tensor& x_in, const at::Tensor& chi_in, const OptTensor& p_in,
+    const OptTensor& q_in, const OptTensor& kappa_in, double mu, double eps, int64_t max_iter,
+    double tol, const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
+  const bool neural = check_implicit_diffusion_args(rowptr, col, edge_value, x_in, chi_in, p_in,
+                                                    q_in, kappa_in, mu, eps, max_iter, tol,
+                                                    t_rowptr, t_col, t_perm);
+  const Passes passes(x_in);
+  const int64_t n = num_rows(rowptr);
+  const double inv_mu = 1.0 / mu;
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor chi = chi_in.contiguous();
+  const at::Tensor rp = rowptr.contiguous();
+  const at::Tensor value = edge_value.contiguous();
+
+  // Iteration 1 from Z_0 = 0 gives Z_1 = X (eq. iter).
+  Iterates z{x.clone(), at::Tensor()};
+  typename Passes::Residual residual = passes.first_iteration(x, tol);
+
+  // Fixed weights: W = edge_value, kappa given or its row sums. Neural (eq. 13-14): made by
+  // the pass of iteration 2 together with the step.
+  at::Tensor w, kappa, cy, ca;
+  if (neural) {
+    w = at::empty({col.numel()}, x.options());
+    kappa = at::empty({n}, x.options());
+  } else {
+    w = value.clone();
+    kappa = kappa_in.has_value() ? kappa_in->contiguous().clone() : passes.row_sums(rp, value);
+    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+  }
+  if (n == 0) return {z.current, w, kappa, residual.stats()};
+
+  const typename Passes::Csr csr = passes.csr(rp, col);
+  const NeuralEdges edges{value, neural ? p_in->contiguous() : at::Tensor(),
+                          neural ? q_in->contiguous() : at::Tensor(), eps};
+  z.next = at::empty_like(z.current);
+  // z_i <- x_i + cy_i z_i + ca_i (W Z)_i with cached weights (row_coefficients).
+  std::optional<typename Passes::RowStep> step;
+  if (!neural) step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+  fixed_point_iterations(residual, max_iter, z, [&](int64_t t) {
+    if (step) {
+      step->run(z, t);
+      return;
+    }
+    passes.fused_step(csr, edges, w, kappa, NeuralStep{chi, inv_mu, x}, z, t, residual);
+    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+    step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+  });
+  if (!step) passes.edge_weights(csr, edges, w, kappa);  // stopped at iteration 1: the
+                                                         // backward still needs W and kappa
+  return {z.current, w, kappa, residual.stats()};
+}
+
+// The adjoint u = dl/dX of u = g + cy.u + W^T (ca.u) (the paper's u = g - (1/mu) Delta^T u),
+// then dl/dchi and, for the neural Laplacian, dl/dp and dl/dq; stats of the adjoint solve.
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
+                            const at::Tensor& edge_value, const at::Tensor& w,
+                            const at::Tensor& kappa_in, const OptTensor& t_rowptr,
+                            const OptTensor& t_col, const OptTensor& t_perm,
+                            const at::Tensor& x_in, const at::Tensor& chi_in,
+                            const OptTensor& p_in, const OptTensor& q_in, const at::Tensor& z_in,
+                            const at::Tensor& grad_z, double mu, double eps, int64_t max_iter,
+                            double tol) {
+  const Transposed t = check_implicit_diffusion_backward_args(
+      rowptr, col, edge_value, w, kappa_in, t_rowptr, t_col, t_perm, x_in, chi_in, p_in, q_in,
+      z_in, grad_z, mu, eps, max_iter);
+  const bool neural = p_in.has_value() && q_in.has_value();
+  const Passes passes(x_in);
+  const int64_t n = num_rows(rowptr);
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor z = z_in.contiguous();
+  const at::Tensor g = grad_z.contiguous();
+  const at::Tensor rp = rowptr.contiguous();
+  at::Tensor cy, ca;
+  std::tie(cy, ca) = passes.coefficients(chi_in.contiguous(), kappa_in.contiguous(), 1.0 / mu);
+
+  // Rows of W^T are the transposed CSR, or the CSR itself on a symmetric graph; entry (j, i)
+  // of W^T carries W_ij ca_i, so that one row pass with rs = 1 makes W^T (ca.u).
+  const at::Tensor wc = w.contiguous();
+  const at::Tensor t_rp = t.defined() ? t.rowptr : rp;
+  const at::Tensor t_cl = t.defined() ? t.col : col.contiguous();
+  const at::Tensor t_w =
+      (t.defined() ? wc.index_select(0, t.perm) : wc) * ca.index_select(0, t_cl);
+  // u_0 = 0, so u_1 = g.
+  Iterates u{g.clone(), at::Tensor()};
+  typename Passes::Residual residual = passes.first_iteration(g, tol);
+  std::optional<typename Passes::Csr> t_csr;
+  if (n > 0) {
+    t_csr.emplace(passes.csr(t_rp, t_cl));
+    u.next = at::empty_like(u.current);
+    const typename Passes::RowStep step =
+        passes.row_step(*t_csr, RowMap{t_w, g, cy, at::Tensor()}, u, residual);
+    fixed_point_iterations(residual, max_iter, u, [&](int64_t it) { step.run(u, it); });
+  }
+
+  // dl/dx = u; dl/dchi_i = u_i . (x_i - z_i) / chi_i (0 on guarded rows, where ca = 0).
+  at::Tensor grad_chi = (u.current * (x - z)).sum(1) * ca * mu;
+  at::Tensor grad_p, grad_q;
+  if (neural) {
+    const at::Tensor v = u.current * ca.unsqueeze(1);
+    grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
+    grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
+    if (n > 0) {
+      // On a symmetric graph the adjoint's CSR is the graph's own.
+      const typename Passes::Csr csr = t.defined() ? passes.csr(rp, col) : *t_csr;
+      const NeuralEdges edges{edge_value.contiguous(), p_in->contiguous(), q_in->contiguous(),
+                              eps};
+      weight_grads_from_adjoint(passes, csr, &*t_csr, t, edges, z, v, grad_p, grad_q);
+    }
+  } else {
+    grad_p = at::empty({0}, x.options());
+    grad_q = at::empty({0}, x.options());
+  }
+  return {u.current, grad_chi, grad_p, grad_q, residual.stats()};
+}
+
+}  // namespace ops
+}  // namespace dignn
