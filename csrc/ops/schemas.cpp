@@ -1,10 +1,11 @@
 // The dignn operator library: one schema per op. Each op's code is written once
 // (csrc/ops/solve.h, csrc/ops/building_blocks.h) and registered per device over that
-// backend's passes (csrc/cpu/ops_cpu.cpp, csrc/cuda/ops_cuda.cpp); fake (meta) kernels and
-// the autograd formulas of the two differentiable ops (implicit_diffusion,
-// neural_edge_weights) are registered from dignn_kernels/ops.py; the other ops are building
-// blocks and passes of a backward, so their Autograd kernel raises if someone differentiates
-// through them.
+// backend's passes (csrc/cpu/ops_cpu.cpp, csrc/cuda/ops_cuda.cpp). Fake (meta) kernels and
+// the autograd formula of neural_edge_weights are registered from dignn_kernels/ops.py.
+// implicit_diffusion and implicit_diffusion_backward are the compiled backends' fused solve:
+// they are differentiated through the one solve op of the Python package
+// (dignn::implicit_solve, dignn_kernels/solvers/op.py), which runs them. The other ops are
+// building blocks and passes of a backward, with no autograd formula of their own.
 //
 // Conventions (math in csrc/dignn/laplacian_math.h):
 //   rowptr int64 [n+1], col int32|int64 [m]: CSR of the edge values a (or weights W);
