@@ -144,6 +144,32 @@ def _load_segments(seg_row, seg_start, seg_len, seg_slot, num_segs, pid, done,
 
 
 @triton.jit
+def _load_heavy_rows(heavy_row, heavy_first, heavy_count, num_heavy, pid, ROWS: tl.constexpr):
+    """The ROWS heavy rows of program pid: (row, valid, first slot, slot count); padding and
+    out-of-range entries are invalid with no slots."""
+    rows_here = pid * ROWS + tl.arange(0, ROWS)
+    in_range = rows_here < num_heavy
+    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
+    valid = in_range & (row >= 0)
+    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
+    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
+    return row, valid, first, count
+
+
+@triton.jit
+def _store_step(o, y_i, out, off, m2, done):
+    """Stores the step's tile o (y_i itself once the solve is done) and returns its residual
+    partial sums ||o - y||^2 and ||o||^2 over the tile."""
+    o = tl.where(done != 0, y_i, o)
+    tl.store(out + off, o, mask=m2)
+    diff = tl.where(m2, o - y_i, 0.0)
+    o = tl.where(m2, o, 0.0)
+    diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
+    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
+    return diff_sq, out_sq
+
+
+@triton.jit
 def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
                    HAS_RS: tl.constexpr):
     """out_i = b_i + cy_i y_i + rs_i (W y)_i for whole rows (eq. iter, row form
@@ -159,13 +185,7 @@ def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
         o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=rmask, other=0.0)[:, None] * acc
     else:
         o = b_i + cy_i[:, None] * y_i + acc
-    o = tl.where(done != 0, y_i, o)
-    tl.store(out + off, o, mask=m2)
-    diff = tl.where(m2, o - y_i, 0.0)
-    o = tl.where(m2, o, 0.0)
-    diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
-    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
-    return diff_sq, out_sq
+    return _store_step(o, y_i, out, off, m2, done)
 
 
 @triton.jit
@@ -236,12 +256,8 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     done = tl.load(done_ptr)
-    rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_heavy
-    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
-    valid = in_range & (row >= 0)
-    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
-    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
+    row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
+                                                num_heavy, pid, ROWS)
     count = tl.where(done != 0, 0, count)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -271,13 +287,7 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
     z_i = tl.load(z + off, mask=m2, other=0.0)
     x_i = tl.load(x + off, mask=m2, other=0.0)
     o = x_i + cy[:, None] * z_i + ca[:, None] * acc
-    o = tl.where(done != 0, z_i, o)
-    tl.store(out + off, o, mask=m2)
-    diff = tl.where(m2, o - z_i, 0.0)
-    o = tl.where(m2, o, 0.0)
-    diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
-    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
-    return diff_sq, out_sq
+    return _store_step(o, z_i, out, off, m2, done)
 
 
 @triton.jit
@@ -352,12 +362,8 @@ def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, const
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     inv_mu = tl.load(consts)
-    rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_heavy
-    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
-    valid = in_range & (row >= 0)
-    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
-    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
+    row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
+                                                num_heavy, pid, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     acc = tl.zeros([ROWS, BLOCK_D], dtype=x.dtype.element_ty)
@@ -504,12 +510,8 @@ def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, 
     """Rows longer than one segment of the gradient pass: their slots summed in slot order."""
     pid = tl.program_id(0)
     pid_h = tl.program_id(1)
-    rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_heavy
-    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
-    valid = in_range & (row >= 0)
-    first = tl.load(heavy_first + rows_here, mask=valid, other=0)
-    count = tl.load(heavy_count + rows_here, mask=valid, other=0)
+    row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
+                                                num_heavy, pid, ROWS)
     hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = hc < H
     acc_p = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
