@@ -206,6 +206,17 @@ def _sweep_work(dataset, hidden: int) -> int:
     return int(per_graph * 128 * hidden)
 
 
+def peak_memory(device) -> dict:
+    """The process's peak resident memory (GB) and, on a GPU, torch's peak allocation there."""
+    import resource
+    import torch
+    out = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    if getattr(device, "type", None) == "cuda":
+        out["peak_cuda_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30,
+                                              3)
+    return out
+
+
 def _set_threads(args, work: int) -> str:
     """Sets torch's CPU threads and says how many and why."""
     import torch
@@ -281,6 +292,7 @@ def _train(args) -> int:
         record["preset"] = args.preset
         record["wall_seconds"] = round(total, 2)
         record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
+        record.update(peak_memory(device))
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,155 @@
+"""The containers every loader returns (:class:`NodeDataset`, :class:`GraphDataset`,
+:class:`Split`) and the split and feature helpers they share."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Split", "NodeDataset", "GraphDataset", "random_splits", "stratified_folds",
+           "mask_splits", "edge_homophily", "row_normalize", "sparse_features"]
+
+
+@dataclass
+class Split:
+    """Node (or graph) indices of one train/validation/test split."""
+
+    train: Tensor
+    val: Tensor
+    test: Tensor
+
+    def sizes(self) -> Tuple[int, int, int]:
+        return self.train.numel(), self.val.numel(), self.test.numel()
+
+    def to(self, device, non_blocking: bool = False) -> "Split":
+        return Split(*(t.to(device, non_blocking=non_blocking)
+                       for t in (self.train, self.val, self.test)))
+
+
+@dataclass
+class NodeDataset:
+    """One graph for node classification. ``y`` is -1 on unlabeled nodes; ``x`` may be a
+    sparse COO tensor (the one-hot facebook100 features)."""
+
+    name: str
+    x: Tensor
+    y: Tensor
+    edge_index: Tensor
+    num_classes: int
+    splits: List[Split]
+    description: str = ""
+
+    task = "node"
+
+    @property
+    def num_nodes(self) -> int:
+        return self.y.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.y.device
+
+    def to(self, device) -> "NodeDataset":
+        """The same dataset with features (dense or sparse), labels, edges and every split's
+        indices on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.y.device == device:
+            return self
+        return dataclasses.replace(self, x=self.x.to(device), y=self.y.to(device),
+                                   edge_index=self.edge_index.to(device),
+                                   splits=[s.to(device) for s in self.splits])
+
+    @property
+    def num_features(self) -> int:
+        return self.x.size(1)
+
+
+@dataclass
+class GraphDataset:
+    """Many small graphs for graph classification (a PyG dataset) and its folds."""
+
+    name: str
+    graphs: Sequence  # PyG Data objects with x, edge_index, y
+    num_features: int
+    num_classes: int
+    splits: List[Split]
+    description: str = ""
+
+    task = "graph"
+
+
+
+def random_splits(y: Tensor, num_splits: int = 10, train: float = 0.5, val: float = 0.25,
+                  first_seed: int = 0) -> List[Split]:
+    """LINKX's random splits of the labeled nodes (y >= 0): split ``k`` permutes them with
+    ``torch.Generator().manual_seed(first_seed + k)`` and takes the first ``train`` share for
+    training, the next ``val`` share for validation, the rest for testing."""
+    labeled = torch.nonzero(y >= 0).flatten()
+    n = labeled.numel()
+    n_train, n_val = int(n * train), int(n * val)
+    splits = []
+    for k in range(num_splits):
+        gen = torch.Generator().manual_seed(first_seed + k)
+        perm = labeled[torch.randperm(n, generator=gen)]
+        splits.append(Split(perm[:n_train], perm[n_train:n_train + n_val],
+                            perm[n_train + n_val:]))
+    return splits
+
+
+def stratified_folds(y: Tensor, num_folds: int = 10, seed: int = 0) -> List[Split]:
+    """Stratified ``num_folds``-fold cross-validation: each class's items are shuffled (seeded)
+    and dealt round-robin to the folds, so every fold holds each class in proportion. Split
+    ``k`` tests on fold ``k``, validates on fold ``k + 1`` and trains on the rest."""
+    if num_folds < 3:
+        raise ValueError(f"num_folds must be >= 3 (train, validation and test folds), got "
+                         f"{num_folds}")
+    gen = torch.Generator().manual_seed(seed)
+    fold_of = torch.empty(y.numel(), dtype=torch.long)
+    offset = 0
+    for c in torch.unique(y).tolist():
+        members = torch.nonzero(y == c).flatten()
+        members = members[torch.randperm(members.numel(), generator=gen)]
+        fold_of[members] = (torch.arange(members.numel()) + offset) % num_folds
+        offset += members.numel()
+    splits = []
+    for k in range(num_folds):
+        test = torch.nonzero(fold_of == k).flatten()
+        val = torch.nonzero(fold_of == (k + 1) % num_folds).flatten()
+        train = torch.nonzero((fold_of != k) & (fold_of != (k + 1) % num_folds)).flatten()
+        splits.append(Split(train, val, test))
+    return splits
+
+
+def mask_splits(train: Tensor, val: Tensor, test: Tensor) -> List[Split]:
+    """Splits from boolean masks of shape [num_nodes, num_splits]."""
+    return [Split(torch.nonzero(train[:, k]).flatten(), torch.nonzero(val[:, k]).flatten(),
+                  torch.nonzero(test[:, k]).flatten()) for k in range(train.size(1))]
+
+
+def edge_homophily(edge_index: Tensor, y: Tensor) -> float:
+    """The share of edges (between labeled nodes) that join nodes of the same class."""
+    src, dst = edge_index
+    keep = (y[src] >= 0) & (y[dst] >= 0)
+    if not bool(keep.any()):
+        return float("nan")
+    return float((y[src[keep]] == y[dst[keep]]).double().mean())
+
+
+def row_normalize(x: Tensor) -> Tensor:
+    """Each feature row divided by its sum (PyG's NormalizeFeatures; all-zero rows stay 0),
+    the preprocessing the paper's authors apply to Cora and Chameleon."""
+    x = x.float()
+    return x / x.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def sparse_features(x: Tensor, density: float = 0.05) -> Tensor:
+    """A sparse (COO) copy of a float feature matrix when it is mostly zeros (one-hot)."""
+    x = x.float()
+    if x.numel() and float((x != 0).float().mean()) < density:
+        return x.to_sparse().coalesce()
+    return x
+
+
