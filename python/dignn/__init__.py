@@ -6,8 +6,10 @@
 - :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, and generated graphs.
 - :mod:`dignn.spectral`: lambda_max(Delta) and the mu check.
 - :mod:`dignn.presets`, :mod:`dignn.training`: the paper's hyperparameters and training.
+- :mod:`dignn.sweep`, :mod:`dignn.protocols`: hyperparameter selection on validation accuracy only,
+  and the holdout and GIN (10-fold CV) evaluation protocols.
 - :mod:`dignn.device`: ``device="auto" | "cpu" | "cuda" | "cuda:N"`` and thread choice.
-- ``dignn train`` / ``dignn plot`` (:mod:`dignn.cli`): the command line.
+- ``dignn train`` / ``dignn sweep`` / ``dignn plot`` (:mod:`dignn.cli`): the command line.
 
 The names below are imported on first use, so that ``dignn --help`` does not load torch.
 """
@@ -22,6 +24,8 @@ _EXPORTS = {
     "MuBelowSpectrumWarning": "spectral", "check_mu": "spectral",
     "estimate_lambda_max": "spectral", "RunResult": "training", "train": "training",
     "resolve_device": "device",
+    "run_sweep": "sweep", "SweepResult": "sweep", "parse_grid": "sweep",
+    "gin_folds": "protocols", "gin_score": "protocols",
 }
 __all__ = sorted(_EXPORTS)
 

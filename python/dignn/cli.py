@@ -5,6 +5,10 @@ default ``tuned``), one model per split with model selection on validation accur
 the test accuracy per split and their mean +- std. ``dignn plot convergence|mu`` draws the
 paper's convergence figure and mu study as PNG files. ``dignn train`` with no ``--dataset``
 trains on the generated CSBM graph (no data files, no network).
+
+``dignn sweep`` trains a grid (or list) of settings on every split, chooses the one of the best
+mean validation accuracy and reports only that setting's test accuracy. ``--protocol gin``
+(graph datasets) reports GIN's 10-fold cross-validation number instead (:mod:`dignn.protocols`).
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
     from .catalog import BACKENDS, DATASETS, SOLVERS
     from .presets import PRESETS
+    from .protocols import PROTOCOLS
     parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='write {"dataset", "laplacian", "test_acc": [per split], "mean", '
                         '"std"} (accuracies as fractions), the device, torch version, backend, '
                         'ms per epoch and the config')
+    t.add_argument("--protocol", choices=PROTOCOLS, default="holdout",
+                   help="holdout (default, every dataset): per split the epoch of best "
+                        "validation accuracy, its test accuracy reported; gin (graph datasets): "
+                        "GIN's 10-fold cross-validation, train on 9 folds, report the mean "
+                        "held-out accuracy at the one epoch maximizing it (the paper's table 5 "
+                        "protocol; optimistic: no separate test set)")
     over = t.add_argument_group("overrides of the preset")
     over.add_argument("--mu", type=float, default=None, metavar="MU",
                       help="source-constraint strength mu > 0 of Z = X - (1/mu) Delta Z")
@@ -138,6 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "(--no-spectral-norm turns off what a preset turns on)")
     _add_run_args(t, progress_default=True)
 
+    w = sub.add_parser("sweep", parents=[t], conflict_handler="resolve",
+                       help="choose hyperparameters on validation accuracy; report the chosen "
+                            "setting's test accuracy only",
+                       description="Trains every setting on every split, chooses the setting "
+                                   "of the best mean validation accuracy (gin protocol: the "
+                                   "best cross-validation accuracy; ties: the first listed) "
+                                   "and prints the test accuracy of that setting only. The "
+                                   "options of dignn train fix what is not swept.")
+    grid = w.add_mutually_exclusive_group(required=True)
+    grid.add_argument("--grid", nargs="+", metavar="KEY=V1,V2",
+                      help="values of TrainConfig fields; every combination is a setting "
+                           "(e.g. --grid mu=1.25,2.2 dropout=0.1,0.5; none for an optional "
+                           "field, true/false for a switch)")
+    grid.add_argument("--settings", metavar="FILE.json",
+                      help='a JSON list of settings, e.g. [{"mu": 1.25}, {"mu": 2.2, '
+                           '"dropout": 0.1}]')
+    w.add_argument("--max-settings", type=_positive_int, default=64, metavar="N",
+                   help="refuse more than N settings (default: 64)")
+    w.add_argument("--json", metavar="PATH", default=None,
+                   help="write every setting's overrides, per-split validation accuracies, "
+                        "their mean and std, best epochs and seconds, the chosen setting and "
+                        "its test accuracies, the command, device, wall time and peak memory")
+
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
     psub = p.add_subparsers(dest="figure", required=True)
     c = psub.add_parser("convergence", help="||Z_t - Z_{t-1}||_F against t")
@@ -163,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--json", metavar="PATH", default=None, help="also write the numbers")
         _add_run_args(q, progress_default=False)
     return parser
+
+
+def _override_values(args) -> dict:
+    """The TrainConfig overrides parsed from the command line (None: not given)."""
+    import dataclasses
+    from .presets import TrainConfig
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+            if f.name != "laplacian" and hasattr(args, f.name)}
 
 
 def _show_warnings() -> None:
@@ -226,31 +268,36 @@ def _set_threads(args, work: int) -> str:
     return f"{threads} CPU thread{'s' if threads > 1 else ''} ({why})"
 
 
+def _backend_error(config, device) -> Optional[str]:
+    """Why ``config.backend`` cannot run on ``device`` (None when it can)."""
+    from dignn_kernels import available_backends
+    if config.backend != "auto" and config.backend not in available_backends(device):
+        return (f"--backend {config.backend} cannot run on {device}; there: "
+                f"{', '.join(available_backends(device))} (or auto)")
+    return None
+
+
 def _train(args) -> int:
     from .data import DatasetUnavailableError, load_dataset
     from .device import describe_device
     from .presets import preset_config
+    from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
     from .training import train
     device = _run_setup(args, "dignn train")
     if device is None:
         return 2
     try:
-        config = preset_config(args.dataset, args.laplacian, args.preset, mu=args.mu,
-                               hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
-                               dropout=args.dropout, max_iter=args.max_iter, tol=args.tol,
-                               input_unit=args.input_unit, epochs=args.epochs,
-                               patience=args.patience, seed=args.seed,
-                               spectral_norm=args.spectral_norm,
-                               solver=args.solver, backend=args.backend)
+        config = preset_config(args.dataset, args.laplacian, args.preset,
+                               **_override_values(args))
+        check_protocol_config(args.protocol, config)
         start = time.perf_counter()
-        dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
+        dataset = apply_protocol(load_dataset(args.dataset, args.data_root, args.cache_dir),
+                                 args.protocol)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
-    from dignn_kernels import available_backends
-    if config.backend != "auto" and config.backend not in available_backends(device):
-        print(f"dignn train: error: --backend {config.backend} cannot run on {device}; there: "
-              f"{', '.join(available_backends(device))} (or auto)", file=sys.stderr)
+    if _backend_error(config, device):
+        print(f"dignn train: error: {_backend_error(config, device)}", file=sys.stderr)
         return 2
     threads = _set_threads(args, _sweep_work(dataset, config.hidden))
     env = describe_device(device)
@@ -275,9 +322,17 @@ def _train(args) -> int:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
     total = time.perf_counter() - start
-    accs = ", ".join(f"{100 * a:.2f}" for a in run.test_acc)
-    print(f"{dataset.name} ({config.laplacian}): test accuracy {100 * run.mean:.2f} +- "
-          f"{100 * run.std:.2f} % over {len(run.splits)} split(s) [{accs}] in {total:.1f} s")
+    if args.protocol == "gin":
+        cv = gin_score(run.splits)
+        accs = ", ".join(f"{100 * a:.2f}" for a in cv.per_fold)
+        print(f"{dataset.name} ({config.laplacian}): {GIN_DESCRIPTION}: accuracy "
+              f"{100 * cv.mean:.2f} +- {100 * cv.std:.2f} % at epoch {cv.epoch} over "
+              f"{len(run.splits)} fold(s) [{accs}] in {total:.1f} s")
+    else:
+        accs = ", ".join(f"{100 * a:.2f}" for a in run.test_acc)
+        print(f"{dataset.name} ({config.laplacian}): test accuracy {100 * run.mean:.2f} +- "
+              f"{100 * run.std:.2f} % over {len(run.splits)} split(s) [{accs}] in "
+              f"{total:.1f} s")
     backends = ",".join(sorted({s.backend for s in run.splits if s.backend}))
     print(f"  {run.ms_per_epoch:.2f} ms per epoch (train step + evaluation) on "
           f"{env['device_name']}, backend {backends}, torch {env['torch']}"
@@ -289,6 +344,109 @@ def _train(args) -> int:
               f"reports it: {100 * sum(peak) / len(peak):.2f} %")
     if args.json:
         record = run.to_json()
+        record["protocol"] = args.protocol
+        if args.protocol == "gin":  # per-fold selection on the held-out folds is not kept
+            for key in ("val_acc", "best_epoch"):
+                record.pop(key)
+            record.update(cv.to_json())
+        record["preset"] = args.preset
+        record["wall_seconds"] = round(total, 2)
+        record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
+        record.update(peak_memory(device))
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+def _settings_table(result) -> List[str]:
+    """The sweep's settings, one row each: the swept values and the validation score."""
+    keys = list(dict.fromkeys(k for s in result.settings for k in s.overrides))
+    gin = result.protocol == "gin"
+    score = "CV acc % (mean +- std, epoch)" if gin else \
+        f"val acc % (mean +- std over {len(result.best.splits)} splits)"
+    rows = [["#"] + keys + [score, "seconds"]]
+    for s in result.settings:
+        value = f"{100 * s.val_mean:.2f} +- {100 * s.val_std:.2f}" + \
+            (f", epoch {s.gin.epoch}" if gin else "")
+        rows.append([str(s.index)] + [str(s.overrides.get(k, "-")) for k in keys] +
+                    [value, f"{s.seconds:.1f}"])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    marked = [f"  {line}" for line in lines]
+    marked[1 + result.chosen] = "*" + marked[1 + result.chosen][1:]
+    return marked
+
+
+def _sweep(args) -> int:
+    from .data import DatasetUnavailableError, load_dataset
+    from .device import describe_device
+    from .presets import preset_config
+    from .protocols import GIN_DESCRIPTION
+    from . import sweep
+    device = _run_setup(args, "dignn sweep")
+    if device is None:
+        return 2
+    fixed = _override_values(args)
+    try:
+        if args.grid:
+            settings = sweep.expand_grid(sweep.parse_grid(args.grid), args.max_settings)
+        else:
+            settings = sweep.load_settings(args.settings)
+        sweep.check_settings(settings, args.max_settings,
+                             fixed=[k for k, v in fixed.items() if v is not None])
+        base = preset_config(args.dataset, args.laplacian, args.preset, **fixed)
+        start = time.perf_counter()
+        dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
+    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
+        print(f"dignn sweep: error: {err}", file=sys.stderr)
+        return 2
+    configs = [base.replace(**s) for s in settings]
+    for k, config in enumerate(configs):
+        if _backend_error(config, device):
+            print(f"dignn sweep: error: setting {k}: {_backend_error(config, device)}",
+                  file=sys.stderr)
+            return 2
+    threads = _set_threads(args, max(_sweep_work(dataset, c.hidden) for c in configs))
+    env = describe_device(device)
+    print(f"{dataset.description}", flush=True)
+    print(f"device {env['device']} ({env['device_name']}), torch {env['torch']}, {threads}",
+          flush=True)
+    print(f"preset {args.preset}, laplacian {args.laplacian}; {len(settings)} setting(s) x "
+          f"{len(args.splits) if args.splits else len(dataset.splits)} split(s); protocol "
+          f"{args.protocol}; choice: {sweep.SELECTION_RULE[args.protocol]}", flush=True)
+
+    def report(s, total):
+        what = (f"CV acc {100 * s.val_mean:.2f} +- {100 * s.val_std:.2f} % at epoch "
+                f"{s.gin.epoch}") if s.gin is not None else \
+            f"val acc {100 * s.val_mean:.2f} +- {100 * s.val_std:.2f} %"
+        print(f"[{s.index + 1}/{total}] {s.describe()}: {what} ({s.seconds:.1f} s)",
+              flush=True)
+    try:
+        result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
+                                 protocol=args.protocol, progress=args.progress,
+                                 on_setting=report, device=device, compile_model=args.compile,
+                                 sync_every=args.sync_every)
+    except ValueError as err:
+        print(f"dignn sweep: error: {err}", file=sys.stderr)
+        return 2
+    total = time.perf_counter() - start
+    print("\n".join(_settings_table(result)))
+    best = result.best
+    rank = "cross-validation" if args.protocol == "gin" else "mean validation"
+    print(f"chosen: setting {best.index} ({best.describe()}), the best {rank} accuracy")
+    accs = ", ".join(f"{100 * a:.2f}" for a in result.test_acc)
+    if args.protocol == "gin":
+        print(f"{dataset.name} ({args.laplacian}): {GIN_DESCRIPTION}, chosen setting: "
+              f"accuracy {100 * result.test_mean:.2f} +- {100 * result.test_std:.2f} % at "
+              f"epoch {best.gin.epoch} over {len(best.splits)} fold(s) [{accs}]; the setting "
+              f"was chosen on the same folds; {total:.1f} s in all")
+    else:
+        print(f"{dataset.name} ({args.laplacian}): test accuracy of the chosen setting "
+              f"{100 * result.test_mean:.2f} +- {100 * result.test_std:.2f} % over "
+              f"{len(best.splits)} split(s) [{accs}]; {total:.1f} s in all")
+    if args.json:
+        record = result.to_json()
         record["preset"] = args.preset
         record["wall_seconds"] = round(total, 2)
         record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
@@ -343,6 +501,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _show_warnings()
         if args.command == "train":
             return _train(args)
+        if args.command == "sweep":
+            return _sweep(args)
         return _plot(args)
 
 

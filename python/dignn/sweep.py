@@ -1,0 +1,352 @@
+"""Hyperparameter selection that never looks at the test set (``dignn sweep``).
+
+A sweep trains every setting (a dict of :class:`~dignn.presets.TrainConfig` overrides, from a
+grid of values or a list) on every split, with :func:`dignn.training.train`, and chooses one:
+
+- ``holdout`` protocol: the setting of the highest mean validation accuracy over the splits
+  (each split's validation accuracy at its selected epoch); ties go to the setting listed
+  first. Only the chosen setting's test accuracies are kept and reported: those of the other
+  settings are dropped as soon as the choice is made, so that nobody can select on them later.
+- ``gin`` protocol (graph classification, :mod:`dignn.protocols`): settings are ranked by the
+  same cross-validation number that is reported (the mean held-out fold accuracy at the best
+  common epoch), which is what GIN does; there is no separate test set, so the chosen
+  number is optimistic twice over (epoch and setting both chosen on the held-out folds).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+from . import training
+from .presets import TrainConfig
+from .protocols import (GIN_DESCRIPTION, GinScore, apply_protocol, check_protocol_config,
+                        gin_score, mean_std)
+
+__all__ = ["SettingResult", "SweepResult", "parse_grid", "expand_grid", "load_settings",
+           "check_settings", "validate_config", "select_setting", "run_sweep",
+           "DEFAULT_MAX_SETTINGS", "SELECTION_RULE"]
+
+DEFAULT_MAX_SETTINGS = 64
+SELECTION_RULE = {
+    "holdout": "the highest mean validation accuracy over the splits (ties: the setting "
+               "listed first); test accuracy is read for the chosen setting only",
+    "gin": "the highest GIN cross-validation accuracy (mean held-out fold accuracy at the "
+           "best common epoch, as GIN ranks settings; ties: the setting listed first); the "
+           "held-out folds choose both the epoch and the setting",
+}
+# Keys a setting may not change: the preset itself depends on the Laplacian.
+_NOT_SWEPT = {"laplacian": "the preset depends on it: run one sweep per --laplacian"}
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _field_types() -> Dict[str, object]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _unwrap(kind) -> tuple:
+    """(base type, whether None is allowed) of a TrainConfig field annotation."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is Union and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return kind, False
+
+
+def _field(key: str) -> str:
+    """The TrainConfig field named ``key`` (dashes allowed for underscores), or ValueError."""
+    name = key.strip().replace("-", "_")
+    types = _field_types()
+    if name not in types:
+        raise ValueError(f"unknown setting {key!r}: not a TrainConfig field; known: "
+                         f"{', '.join(sorted(set(types) - set(_NOT_SWEPT)))}")
+    if name in _NOT_SWEPT:
+        raise ValueError(f"{name} cannot be swept: {_NOT_SWEPT[name]}")
+    return name
+
+
+def _parse_value(name: str, text: str):
+    """``text`` as a value of field ``name`` (int, float, str, bool, or ``none`` where the
+    field allows None)."""
+    kind, optional = _unwrap(_field_types()[name])
+    word = text.strip()
+    if optional and word.lower() in ("none", "null"):
+        return None
+    try:
+        if kind is bool:
+            if word.lower() in _TRUE + _FALSE:
+                return word.lower() in _TRUE
+            raise ValueError
+        if kind is int:
+            return int(word)
+        if kind is float:
+            value = float(word)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        if kind is str and word:
+            return word
+        raise ValueError
+    except ValueError:
+        expected = {bool: "true or false", int: "an integer", float: "a finite number",
+                    str: "a non-empty word"}[kind]
+        raise ValueError(f"bad value {text!r} for {name}: expected {expected}"
+                         f"{' or none' if optional else ''}") from None
+
+
+def _check_json_value(name: str, value):
+    """A value read from a settings file, held to the type of field ``name``."""
+    kind, optional = _unwrap(_field_types()[name])
+    if value is None and optional:
+        return None
+    ok = {bool: isinstance(value, bool),
+          int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool) and
+          math.isfinite(value),
+          str: isinstance(value, str) and bool(value)}[kind]
+    if not ok:
+        raise ValueError(f"bad value {value!r} for {name}: expected a JSON "
+                         f"{kind.__name__}{' or null' if optional else ''}")
+    return float(value) if kind is float else value
+
+
+def parse_grid(items: Sequence[str]) -> Dict[str, List]:
+    """``["mu=1.25,2.2", "dropout=0.1,0.5"]`` -> ``{"mu": [1.25, 2.2], "dropout": [0.1, 0.5]}``,
+    each value parsed to its TrainConfig field's type."""
+    grid: Dict[str, List] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"bad grid entry {item!r}: expected KEY=V1,V2,... such as "
+                             f"mu=1.25,2.2")
+        name = _field(key)
+        if name in grid:
+            raise ValueError(f"{name} is given twice in the grid: list all its values in one "
+                             f"entry, {name}=V1,V2")
+        parts = values.split(",")
+        if not values.strip() or any(not p.strip() for p in parts):
+            raise ValueError(f"bad grid entry {item!r}: empty value; expected KEY=V1,V2,...")
+        grid[name] = [_parse_value(name, p) for p in parts]
+    if not grid:
+        raise ValueError("the grid is empty: give KEY=V1,V2,... entries")
+    return grid
+
+
+def _check_count(count: int, max_settings: int) -> None:
+    if count > max_settings:
+        raise ValueError(f"{count} settings exceed --max-settings {max_settings}: each is "
+                         f"trained on every split; shrink the grid or raise --max-settings")
+
+
+def expand_grid(grid: Dict[str, List], max_settings: int = DEFAULT_MAX_SETTINGS
+                ) -> List[Dict]:
+    """Every combination of the grid's values, the last key varying fastest; refused (before
+    it is built) when there are more than ``max_settings``."""
+    _check_count(math.prod(len(v) for v in grid.values()), max_settings)
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())]
+
+
+def load_settings(path: Union[str, Path]) -> List[Dict]:
+    """A settings file: a JSON list of objects of TrainConfig overrides, e.g.
+    ``[{"mu": 1.25, "dropout": 0.1}, {"mu": 2.2}]``."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"settings file {path}: not valid JSON ({err})") from None
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        raise ValueError(f"settings file {path}: expected a non-empty JSON list of objects "
+                         f"such as [{{\"mu\": 1.25}}, {{\"mu\": 2.2}}]")
+    settings = []
+    for k, setting in enumerate(raw):
+        try:
+            names = [_field(key) for key in setting]
+            settings.append({name: _check_json_value(name, value)
+                             for name, value in zip(names, setting.values())})
+        except ValueError as err:
+            raise ValueError(f"settings file {path}, setting {k}: {err}") from None
+    return settings
+
+
+def check_settings(settings: Sequence[Dict], max_settings: int = DEFAULT_MAX_SETTINGS,
+                   fixed: Sequence[str] = ()) -> None:
+    """Refuses an empty list, more than ``max_settings`` settings, a setting listed twice, and
+    a key that is also ``fixed`` by a command-line override."""
+    if not settings:
+        raise ValueError("no settings to try")
+    _check_count(len(settings), max_settings)
+    seen = set()
+    for setting in settings:
+        key = json.dumps(setting, sort_keys=True)
+        if key in seen:
+            raise ValueError(f"setting {_describe(setting)} is listed twice")
+        seen.add(key)
+        both = sorted(set(setting) & set(fixed))
+        if both:
+            raise ValueError(f"{', '.join(both)} is both fixed by an option and swept; give "
+                             f"it in one place only")
+
+
+def validate_config(dataset, config: TrainConfig) -> None:
+    """Refuses a config that could not train on ``dataset``, before any training: the
+    optimizer's and the loop's numbers here, the model's own checks (widths, dropout, mu,
+    solver, backend, ...) by building it."""
+    def positive_int(name, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("epochs", config.epochs)
+    positive_int("batch_size", config.batch_size)
+    if config.patience is not None:
+        positive_int("patience", config.patience)
+    if not config.lr > 0:
+        raise ValueError(f"lr must be > 0, got {config.lr!r}")
+    if not config.weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
+    training.build_model(dataset, config)
+
+
+def _describe(overrides: Dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(the preset)"
+
+
+@dataclass
+class SettingResult:
+    """One setting's validation numbers; its test accuracies are not kept."""
+
+    index: int
+    overrides: Dict
+    splits: List[int]
+    val_acc: List[float]  # per split at its selected epoch (gin: per fold at the CV epoch)
+    best_epoch: List[int]  # gin: the CV epoch, for every fold
+    seconds: float
+    gin: Optional[GinScore] = None  # gin protocol: the cross-validation number
+
+    @property
+    def val_mean(self) -> float:
+        return mean_std(self.val_acc)[0]
+
+    @property
+    def val_std(self) -> float:
+        return mean_std(self.val_acc)[1]
+
+    @property
+    def score(self) -> float:
+        """What settings are ranked by: the mean validation accuracy (holdout; under gin the
+        validation sets are the held-out folds at the CV epoch, so this is the GIN number)."""
+        return self.val_mean
+
+    def describe(self) -> str:
+        return _describe(self.overrides)
+
+    def to_json(self) -> Dict:
+        record = {"index": self.index, "overrides": self.overrides, "splits": self.splits,
+                  "seconds": round(self.seconds, 2)}
+        if self.gin is None:
+            record.update(val_acc=self.val_acc, val_mean=self.val_mean, val_std=self.val_std,
+                          best_epoch=self.best_epoch)
+        else:  # the held-out folds are the validation sets: no other number exists
+            record.update(cv_epoch=self.gin.epoch, cv_mean=self.gin.mean,
+                          cv_std=self.gin.std, cv_acc=self.gin.per_fold)
+        return record
+
+
+def select_setting(results: Sequence[SettingResult]) -> int:
+    """Position of the setting of the highest score (NaN ranks last; ties: the first)."""
+    def key(i):
+        s = results[i].score
+        return (-math.inf if math.isnan(s) else s, -i)
+    return max(range(len(results)), key=key)
+
+
+@dataclass
+class SweepResult:
+    dataset: str
+    laplacian: str
+    protocol: str
+    base_config: TrainConfig
+    settings: List[SettingResult]
+    chosen: int  # position in ``settings``
+    chosen_config: TrainConfig
+    test_acc: List[float]  # the chosen setting's, per split (gin: per fold at the CV epoch)
+    environment: Dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> SettingResult:
+        return self.settings[self.chosen]
+
+    @property
+    def test_mean(self) -> float:
+        return mean_std(self.test_acc)[0]
+
+    @property
+    def test_std(self) -> float:
+        return mean_std(self.test_acc)[1]
+
+    def to_json(self) -> Dict:
+        chosen = {"index": self.best.index, "overrides": self.best.overrides,
+                  "config": self.chosen_config.as_dict(), "splits": self.best.splits,
+                  "test_acc": self.test_acc, "test_mean": self.test_mean,
+                  "test_std": self.test_std}
+        if self.protocol == "gin":
+            chosen.update(epoch=self.best.gin.epoch,
+                          cv_mean_by_epoch=self.best.gin.mean_by_epoch)
+        return {"dataset": self.dataset, "laplacian": self.laplacian,
+                "protocol": self.protocol,
+                **({"protocol_description": GIN_DESCRIPTION} if self.protocol == "gin"
+                   else {}),
+                "selection": SELECTION_RULE[self.protocol],
+                "base_config": self.base_config.as_dict(),
+                "settings": [s.to_json() for s in self.settings],
+                "chosen": chosen, **self.environment}
+
+
+def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
+              splits: Optional[Sequence[int]] = None, protocol: str = "holdout",
+              progress: bool = False,
+              on_setting: Optional[Callable[[SettingResult, int], None]] = None,
+              device="auto", compile_model: bool = False, sync_every: int = 10
+              ) -> SweepResult:
+    """Trains ``base_config.replace(**s)`` for each setting ``s`` on ``splits`` (default: all)
+    of ``dataset`` under ``protocol`` and chooses one (module docstring). Every config is
+    checked before the first is trained. ``on_setting(result, total)`` is called after each
+    setting with its validation numbers."""
+    dataset = apply_protocol(dataset, protocol)
+    configs = []
+    for k, overrides in enumerate(settings):
+        try:
+            config = base_config.replace(**overrides)
+            check_protocol_config(protocol, config)
+            validate_config(dataset, config)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"setting {k} ({_describe(overrides)}): {err}") from None
+        configs.append(config)
+    results: List[SettingResult] = []
+    test_of_setting: List[List[float]] = []  # dropped once the choice is made
+    environment: Dict = {}
+    for k, (overrides, config) in enumerate(zip(settings, configs)):
+        start = time.perf_counter()
+        run = training.train(dataset, config, splits, progress, device=device,
+                             compile_model=compile_model, sync_every=sync_every)
+        folds = [s.split for s in run.splits]
+        if protocol == "gin":  # the held-out folds are the validation sets, at one epoch
+            gin = gin_score(run.splits)
+            result = SettingResult(k, dict(overrides), folds, list(gin.per_fold),
+                                   [gin.epoch] * len(folds), time.perf_counter() - start, gin)
+        else:
+            result = SettingResult(k, dict(overrides), folds, [s.val_acc for s in run.splits],
+                                   [s.best_epoch for s in run.splits],
+                                   time.perf_counter() - start)
+        results.append(result)
+        test_of_setting.append(result.val_acc if protocol == "gin" else run.test_acc)
+        environment = dict(run.environment)
+        if on_setting is not None:
+            on_setting(result, len(configs))
+    chosen = select_setting(results)
+    test_acc = list(test_of_setting[chosen])
+    del test_of_setting
+    return SweepResult(dataset.name, base_config.laplacian, protocol, base_config, results,
+                       chosen, configs[chosen], test_acc, environment)
