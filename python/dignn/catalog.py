@@ -4,11 +4,12 @@ from typing import Dict
 
 __all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS"]
 
-# dataset name -> task ("node" or "graph")
+# dataset name -> task ("node", "graph", or "multilabel": node labels across graphs)
 DATASETS: Dict[str, str] = {
     "csbm": "node", "penn94-synthetic": "node", "cora": "node", "chameleon": "node",
     "chameleon-directed": "node",
     "amherst41": "node", "cornell5": "node", "penn94": "node", "mutag": "graph",
+    "ppi": "multilabel",
 }
 
 DEVICE_HELP = ("where to train: auto (the GPU when one is visible, else the CPU), cpu, cuda "

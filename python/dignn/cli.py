@@ -311,7 +311,9 @@ def _train(args) -> int:
           flush=True)
 
     def report(r):
-        print(f"split {r.split}: test acc {100 * r.test_acc:.2f}% (val {100 * r.val_acc:.2f}%"
+        score = "micro-F1" if r.metric == "micro_f1" else "acc"
+        print(f"split {r.split}: test {score} {100 * r.test_acc:.2f}% (val "
+              f"{100 * r.val_acc:.2f}%"
               f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, "
               f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
@@ -330,7 +332,8 @@ def _train(args) -> int:
               f"{len(run.splits)} fold(s) [{accs}] in {total:.1f} s")
     else:
         accs = ", ".join(f"{100 * a:.2f}" for a in run.test_acc)
-        print(f"{dataset.name} ({config.laplacian}): test accuracy {100 * run.mean:.2f} +- "
+        score = "micro-F1" if run.metric == "micro_f1" else "accuracy"
+        print(f"{dataset.name} ({config.laplacian}): test {score} {100 * run.mean:.2f} +- "
               f"{100 * run.std:.2f} % over {len(run.splits)} split(s) [{accs}] in "
               f"{total:.1f} s")
     backends = ",".join(sorted({s.backend for s in run.splits if s.backend}))

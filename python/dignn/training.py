@@ -1,15 +1,21 @@
-"""Training with model selection on validation accuracy, on any device.
+"""Training with model selection on the validation score, on any device.
 
-For each split a fresh model is trained for ``config.epochs`` epochs with Adam (full batch for
-node classification, mini-batches of ``config.batch_size`` graphs for graph classification);
-after every epoch the model is evaluated and the test accuracy at the epoch of the best
-validation accuracy is reported (ties go to the lower validation loss). ``config.patience``
+Three tasks, one epoch loop and one model selection: node classification (one graph, full
+batch, cross-entropy, accuracy), graph classification (mini-batches of ``config.batch_size``
+graphs, cross-entropy, accuracy) and multi-label node classification across graphs (the
+paper's PPI experiment, appendix table tab:tab4: mini-batches of ``config.batch_size``
+training graphs, binary cross-entropy with logits over every label, micro-F1 of the
+predictions logit > 0). For each split a fresh model is trained for ``config.epochs`` epochs
+with Adam; after every epoch the model is evaluated and the test score at the epoch of the
+best validation score is reported (ties go to the lower validation loss). ``config.patience``
 optionally stops a split early. The spectral check (:mod:`dignn.spectral`) runs on the
 implicit layer's input before training and after it.
 
 Everything of a split lives on ``device``: features, edges, labels, split indices, the model,
-the optimizer (fused Adam on a GPU), the evaluation and the model selection. Nothing inside an
-epoch is read back to the host: the metrics of each epoch, the best validation accuracy and
+the optimizer (fused Adam on a GPU), the evaluation and the model selection (tasks on many
+graphs copy each training batch there; their evaluation batches are collated and copied once).
+Nothing inside an epoch is read back to the host: the metrics of each epoch, the best
+validation score and
 the weights of the best epoch are kept on the device (the weights by a conditional copy), and
 the host reads one small vector every ``sync_every`` epochs for the progress bar and the
 patience test. Selection freezes at the epoch where patience runs out, so the result is the
@@ -27,21 +33,56 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data import GraphDataset, NodeDataset
+from .data import GraphDataset, InductiveDataset, NodeDataset
 from .device import describe_device, resolve_device
 from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
 from .presets import TrainConfig
 from .spectral import check_mu
 
 __all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
-           "train_graph_split"]
+           "train_graph_split", "train_multilabel_split", "TASK_METRICS", "multilabel_counts",
+           "micro_f1"]
 
-# The per-epoch metric vector: accuracy and mean cross-entropy on each index set.
-_METRICS = ("train_acc", "val_acc", "test_acc", "train_loss", "val_loss", "test_loss")
+# The per-epoch metric vector: the task's score (see TASK_METRICS) and mean loss on the
+# train, validation and test sets.
+_METRICS = ("train_score", "val_score", "test_score", "train_loss", "val_loss", "test_loss")
+
+# The score each task is selected and reported on.
+TASK_METRICS = {"node": "accuracy", "graph": "accuracy", "multilabel": "micro_f1"}
+# How result fields and JSON keys name a metric: test_acc, test_micro_f1, ...
+_METRIC_KEYS = {"accuracy": "acc", "micro_f1": "micro_f1"}
+
+Dataset = Union[NodeDataset, GraphDataset, InductiveDataset]
+
+
+def multilabel_counts(logits: Tensor, target: Tensor) -> Tensor:
+    """(TP, FP, FN, TN) of the predictions ``logits > 0`` against the 0/1 ``target`` of the
+    same shape, counted over every node and label, as float64 on the logits' device. Counts
+    of several batches add up to the counts of their union."""
+    predicted, actual = logits > 0, target > 0.5
+    tp = (predicted & actual).sum()
+    fp = predicted.sum() - tp
+    fn = actual.sum() - tp
+    return torch.stack([tp, fp, fn, actual.numel() - tp - fp - fn]).double()
+
+
+def micro_f1(counts: Tensor) -> Tensor:
+    """Micro-averaged F1 = 2 TP / (2 TP + FP + FN) from :func:`multilabel_counts` (the
+    paper's PPI metric). Where that is 0/0 (no positive label, none predicted) it is 0, as
+    scikit-learn's ``f1_score(average="micro")`` returns by default; with no entries at all
+    (an empty set) NaN."""
+    tp, fp, fn, tn = counts.unbind(-1)
+    denominator = 2 * tp + fp + fn
+    f1 = 2 * tp / denominator.clamp_min(1)
+    return torch.where(denominator + tn > 0, f1, torch.full_like(f1, math.nan))
 
 
 @dataclass
 class SplitResult:
+    """One split's result. ``test_acc``, ``val_acc``, ``train_acc``, ``test_acc_max`` and the
+    histories hold the split's score, named by ``metric``: accuracy, or micro-F1 for the
+    multi-label task (the field names are kept for every task)."""
+
     split: int
     test_acc: float
     val_acc: float
@@ -62,15 +103,19 @@ class SplitResult:
     model: Optional[torch.nn.Module] = field(default=None, repr=False)  # keep_model=True
     ms_per_epoch: float = float("nan")  # wall time of the epoch loop / epochs trained
     backend: Optional[str] = None  # the implicit layer's backend that ran
+    metric: str = "accuracy"  # what the scores are: "accuracy" or "micro_f1"
 
 
 @dataclass
 class RunResult:
+    """The splits' results; ``test_acc``, ``mean`` and ``std`` are of ``metric``."""
+
     dataset: str
     laplacian: str
     config: TrainConfig
     splits: List[SplitResult] = field(default_factory=list)
     environment: Dict = field(default_factory=dict)  # device, device_name, torch, cuda, ...
+    metric: str = "accuracy"  # "accuracy" or "micro_f1" (TASK_METRICS of the dataset's task)
 
     @property
     def test_acc(self) -> List[float]:
@@ -97,14 +142,19 @@ class RunResult:
         return sum(times) / len(times) if times else float("nan")
 
     def to_json(self) -> Dict:
+        """The record ``dignn train --json`` writes. Scores are named by the metric:
+        ``test_acc``/``val_acc`` for accuracy, ``test_micro_f1``/``val_micro_f1`` for
+        micro-F1; ``metric`` says which, ``mean`` and ``std`` are of it."""
+        key = _METRIC_KEYS[self.metric]
         return {
             "dataset": self.dataset,
             "laplacian": self.laplacian,
-            "test_acc": self.test_acc,
+            "metric": self.metric,
+            f"test_{key}": self.test_acc,
             "mean": self.mean,
             "std": self.std,
             "splits": [s.split for s in self.splits],
-            "val_acc": [s.val_acc for s in self.splits],
+            f"val_{key}": [s.val_acc for s in self.splits],
             "best_epoch": [s.best_epoch for s in self.splits],
             "seconds": [round(s.seconds, 2) for s in self.splits],
             "ms_per_epoch": round(self.ms_per_epoch, 3),
@@ -112,15 +162,17 @@ class RunResult:
             "backend": sorted({s.backend for s in self.splits if s.backend}),
             **self.environment,
             "lambda_max": [[s.lambda_max_start, s.lambda_max_end] for s in self.splits],
-            "test_acc_max_over_epochs": [s.test_acc_max for s in self.splits],
+            f"test_{key}_max_over_epochs": [s.test_acc_max for s in self.splits],
             "config": self.config.as_dict(),
         }
 
 
-def build_model(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig):
+def build_model(dataset: Dataset, config: TrainConfig):
     """The model for ``dataset`` under ``config``. With ``config.spectral_norm`` the neural
     Laplacian's Θχ and Θφ are spectrally normalized (||Θ||_2 = 1, as in the paper's mu
-    study), which bounds lambda_max (Theorem "Spectral Range of Delta_Phi")."""
+    study), which bounds lambda_max (Theorem "Spectral Range of Delta_Phi"). The multi-label
+    task across graphs takes the ``mlp`` input unit only (appendix "Model architectures": a
+    1-layer MLP for node classification on homophilic graphs, PPI included)."""
     common = dict(laplacian=config.laplacian, mu=config.mu, max_iter=config.max_iter,
                   tol=config.tol, dropout=config.dropout, backend=config.backend,
                   solver=config.solver)
@@ -130,9 +182,16 @@ def build_model(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig):
                                      node_layers=config.node_layers,
                                      graph_layers=config.graph_layers, **common)
     else:
+        if dataset.task == "multilabel" and config.input_unit != "mlp":
+            raise ValueError(f"input_unit={config.input_unit!r} cannot train on "
+                             f"{dataset.name}, whose test graphs are not its training graphs: "
+                             f"'linkx' learns one weight row per node of a single graph and "
+                             f"'adj' is not supported on batches of graphs; use "
+                             f"input_unit='mlp' (--input-unit mlp)")
         model = DIGNNNodeClassifier(dataset.num_features, config.hidden, dataset.num_classes,
-                                    input_unit=config.input_unit,
-                                    adj_norm=config.adj_norm, num_nodes=dataset.num_nodes,
+                                    input_unit=config.input_unit, adj_norm=config.adj_norm,
+                                    num_nodes=(dataset.num_nodes if dataset.task == "node"
+                                               else None),
                                     input_dropout=config.input_dropout,
                                     **common)
     if config.spectral_norm:
@@ -157,18 +216,20 @@ def _progress(total: int, desc: str, enabled: bool):
 
 class _Selector:
     """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) is
-    appended, the best (val acc, val loss), its epoch and test accuracy are updated with
+    appended, the best (val score, val loss), its epoch and test score are updated with
     ``torch.where``, and so are copies of the weights of the best epoch. The host reads
-    nothing until :meth:`poll` (every few epochs) and :meth:`result` (once, at the end)."""
+    nothing until :meth:`poll` (every few epochs) and :meth:`result` (once, at the end).
+    ``metric`` names the score (:data:`TASK_METRICS`)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device,
-                 patience: Optional[int]):
+                 patience: Optional[int], metric: str = "accuracy"):
         self.model = model
+        self.metric = metric
         self.keys = list(model.state_dict().keys())
         self.live = list(model.state_dict().values())  # share storage with the model
         self.saved = [t.detach().clone() for t in self.live]
         f64 = dict(dtype=torch.float64, device=device)
-        self.best = torch.tensor([-1.0, math.inf], **f64)  # (val acc, val loss)
+        self.best = torch.tensor([-1.0, math.inf], **f64)  # (val score, val loss)
         self.best_test = torch.full((), math.nan, **f64)
         self.best_epoch = torch.zeros((), dtype=torch.long, device=device)
         self.stopped_at = torch.zeros((), dtype=torch.long, device=device)  # 0: running
@@ -177,7 +238,7 @@ class _Selector:
 
     @torch.no_grad()
     def update(self, epoch: int, metrics: Tensor) -> None:
-        val = metrics[1:5:3]  # (val acc, val loss)
+        val = metrics[1:5:3]  # (val score, val loss)
         improved = (val[0] > self.best[0]) | ((val[0] == self.best[0]) &
                                               (val[1] < self.best[1]))
         improved &= self.stopped_at == 0
@@ -193,7 +254,8 @@ class _Selector:
         self.rows.append(metrics)
 
     def poll(self, train_loss: Tensor) -> List[float]:
-        """One host read: [training loss, best val acc, its test acc, stopped-at epoch]."""
+        """One host read: [training loss, best val score, its test score, stopped-at
+        epoch]."""
         return torch.stack([train_loss.detach().double().reshape(()), self.best[0],
                             self.best_test, self.stopped_at.double()]).tolist()
 
@@ -211,7 +273,8 @@ class _Selector:
                            test_acc_max=float(finite.max()) if finite.numel() else math.nan,
                            val_history=history[:, 1].tolist(),
                            test_history=test.tolist(),
-                           ms_per_epoch=1000.0 * seconds / max(epochs_trained, 1))
+                           ms_per_epoch=1000.0 * seconds / max(epochs_trained, 1),
+                           metric=self.metric)
 
     def restore(self) -> None:
         """Loads the selected epoch's weights back into the model."""
@@ -292,7 +355,7 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
     x, y, ei = dataset.x, dataset.y, dataset.edge_index
     sets = _NodeSets(s)
     lam_start = _spectral(model, x, ei, f"{dataset.name} split {split}, at initialization")
-    sel = _Selector(model, device, config.patience)
+    sel = _Selector(model, device, config.patience, TASK_METRICS["node"])
     bar = _progress(config.epochs, f"{dataset.name} split {split}", progress)
 
     def epoch_fn():
@@ -306,11 +369,21 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
             return loss.detach(), sets.metrics(model(x, ei), y)
 
     seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device)
+    return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
+                         lambda: _spectral(model, x, ei,
+                                           f"{dataset.name} split {split}, after training"),
+                         keep_model)
+
+
+def _finish_split(model, sel: _Selector, bar, split: int, seconds: float, trained: int,
+                  lam_start: float, spectral_end: Callable[[], float],
+                  keep_model: bool) -> SplitResult:
+    """After the epoch loop: the selected weights back in the model, the spectral check on
+    them (``spectral_end``), the result with the backend that ran (and the model if kept)."""
     if bar is not None:
         bar.close()
     sel.restore()
-    lam_end = _spectral(model, x, ei, f"{dataset.name} split {split}, after training")
-    result = sel.result(split, seconds, trained, lam_start, lam_end)
+    result = sel.result(split, seconds, trained, lam_start, spectral_end())
     result.backend = model.diffusion.backend_used
     result.model = model if keep_model else None
     return result
@@ -325,8 +398,10 @@ def _spectral(model, x, edge_index, where: str) -> float:
 
 def _graph_loader(graphs, index: Tensor, batch_size: int, shuffle: bool, seed: int,
                   device: torch.device):
+    """A PyG DataLoader over the graphs at ``index`` of ``graphs`` (a list or a PyG
+    dataset)."""
     from torch_geometric.loader import DataLoader
-    subset = graphs[index.cpu()]
+    subset = [graphs[i] for i in index.tolist()]
     gen = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(subset, batch_size=batch_size, shuffle=shuffle, generator=gen,
                       pin_memory=device.type == "cuda")
@@ -337,79 +412,159 @@ def _batches(loader, device: torch.device):
         yield batch.to(device, non_blocking=True)
 
 
+def _count(n: int, device: torch.device) -> Tensor:
+    """``n`` as a float64 scalar made on the device (a fill, no copy from the host)."""
+    return torch.full((), float(n), dtype=torch.float64, device=device)
+
+
+class _GraphClassification:
+    """Graph labels: cross-entropy, accuracy over graphs."""
+
+    metric = TASK_METRICS["graph"]
+    unit = "fold"  # what a split is called in messages
+    min_graphs = 2  # batch norm needs more than one graph's nodes
+    num_sums = 3
+
+    @staticmethod
+    def logits(model, batch) -> Tensor:
+        return model(batch.x, batch.edge_index, batch.batch, batch.num_graphs)
+
+    @staticmethod
+    def loss(logits: Tensor, batch) -> Tensor:
+        return F.cross_entropy(logits, batch.y)
+
+    @staticmethod
+    def sums(logits: Tensor, batch) -> Tensor:
+        """(correct graphs, loss sum, graphs)."""
+        return torch.stack([(logits.argmax(1) == batch.y).sum().double(),
+                            F.cross_entropy(logits, batch.y, reduction="sum").double(),
+                            _count(batch.num_graphs, logits.device)])
+
+    @staticmethod
+    def score_and_loss(sums: Tensor) -> Tensor:
+        return sums[:2] / sums[2]  # 0/0 = NaN for an empty set
+
+
+class _MultiLabel:
+    """Node labels across graphs, several per node: binary cross-entropy with logits over
+    every (node, label) pair, micro-F1 of the predictions logit > 0 (the paper's PPI
+    metric)."""
+
+    metric = TASK_METRICS["multilabel"]
+    unit = "split"
+    min_graphs = 1  # a graph's nodes already make a batch for batch norm
+    num_sums = 5
+
+    @staticmethod
+    def logits(model, batch) -> Tensor:
+        return model(batch.x, batch.edge_index)
+
+    @staticmethod
+    def loss(logits: Tensor, batch) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits, batch.y.to(logits.dtype))
+
+    @staticmethod
+    def sums(logits: Tensor, batch) -> Tensor:
+        """(TP, FP, FN, TN, loss sum) over the batch's nodes and labels."""
+        loss = F.binary_cross_entropy_with_logits(logits, batch.y.to(logits.dtype),
+                                                  reduction="sum")
+        return torch.cat([multilabel_counts(logits, batch.y), loss.double().reshape(1)])
+
+    @staticmethod
+    def score_and_loss(sums: Tensor) -> Tensor:
+        counts = sums[:4]
+        return torch.stack([micro_f1(counts), sums[4] / counts.sum()])
+
+
 @torch.no_grad()
-def _evaluate_graphs(model, loader, device: torch.device) -> Tensor:
-    """(accuracy, mean loss) over ``loader``'s graphs, as a float64 pair on the device."""
+def _evaluate_batches(model, task, batches, device: torch.device) -> Tensor:
+    """(score, mean loss) of ``task`` over ``batches`` (on the device already), as a float64
+    pair on the device."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss, graphs
-    for batch in _batches(loader, device):
-        logits = model(batch.x, batch.edge_index, batch.batch, batch.num_graphs)
-        sums += torch.stack([(logits.argmax(1) == batch.y).sum().double(),
-                             F.cross_entropy(logits, batch.y, reduction="sum").double(),
-                             torch.tensor(float(batch.num_graphs), dtype=torch.float64,
-                                          device=device)])
-    return sums[:2] / sums[2]
+    sums = torch.zeros(task.num_sums, dtype=torch.float64, device=device)
+    for batch in batches:
+        sums += task.sums(task.logits(model, batch), batch)
+    return task.score_and_loss(sums)
 
 
-def train_graph_split(dataset: GraphDataset, config: TrainConfig, split: int,
-                      progress: bool = True, keep_model: bool = False, *,
-                      device: Union[str, torch.device, None] = None,
-                      compile_model: bool = False, sync_every: int = 10) -> SplitResult:
-    """As :func:`train_node_split` for graph classification: batches of graphs are copied to
-    ``device`` (default: the CPU) from pinned memory, without blocking."""
+def _train_batched_split(dataset, task, config: TrainConfig, split: int, progress: bool,
+                         keep_model: bool, device, compile_model: bool,
+                         sync_every: int) -> SplitResult:
+    """One split of a task on many graphs: shuffled mini-batches of ``config.batch_size``
+    training graphs (seeded with ``config.seed + split``) copied to the device from pinned
+    memory without blocking; evaluation on the training, validation and test graphs in
+    batches collated and copied to the device once."""
     _check_sync_every(sync_every)
     device = torch.device("cpu") if device is None else resolve_device(device)
     model, opt = _split_setup(dataset, config, split, device, compile_model)
     s = dataset.splits[split]
     train_loader = _graph_loader(dataset.graphs, s.train, config.batch_size, True,
                                  config.seed + split, device)
-    eval_loaders = [_graph_loader(dataset.graphs, idx, 1024, False, 0, device)
-                    for idx in (s.train, s.val, s.test)]
-    first = next(iter(eval_loaders[0])).to(device)
-    lam_start = _spectral(model, first.x, first.edge_index,
-                          f"{dataset.name} fold {split}, at initialization")
-    sel = _Selector(model, device, config.patience)
-    bar = _progress(config.epochs, f"{dataset.name} fold {split}", progress)
+    eval_sets = [list(_batches(_graph_loader(dataset.graphs, idx, 1024, False, 0, device),
+                               device)) for idx in (s.train, s.val, s.test)]
+    first = eval_sets[0][0]
+    where = f"{dataset.name} {task.unit} {split}"
+    lam_start = _spectral(model, first.x, first.edge_index, f"{where}, at initialization")
+    sel = _Selector(model, device, config.patience, task.metric)
+    bar = _progress(config.epochs, where, progress)
 
     def epoch_fn():
         model.train()
         total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, graphs
         for batch in _batches(train_loader, device):
-            if batch.num_graphs < 2:  # batch norm needs more than one graph's nodes
+            if batch.num_graphs < task.min_graphs:
                 continue
             opt.zero_grad()
-            logits = model(batch.x, batch.edge_index, batch.batch, batch.num_graphs)
-            loss = F.cross_entropy(logits, batch.y)
+            loss = task.loss(task.logits(model, batch), batch)
             loss.backward()
             opt.step()
             total += torch.stack([loss.detach().double() * batch.num_graphs,
-                                  torch.tensor(float(batch.num_graphs), dtype=torch.float64,
-                                               device=device)])
-        acc_loss = torch.stack([_evaluate_graphs(model, loader, device)
-                                for loader in eval_loaders])  # rows: train, val, test
-        return total[0] / total[1].clamp_min(1), acc_loss.t().reshape(6)
+                                  _count(batch.num_graphs, device)])
+        score_loss = torch.stack([_evaluate_batches(model, task, batches, device)
+                                  for batches in eval_sets])  # rows: train, val, test
+        return total[0] / total[1].clamp_min(1), score_loss.t().reshape(6)
 
     seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device)
-    if bar is not None:
-        bar.close()
-    sel.restore()
-    lam_end = _spectral(model, first.x, first.edge_index,
-                        f"{dataset.name} fold {split}, after training")
-    result = sel.result(split, seconds, trained, lam_start, lam_end)
-    result.backend = model.diffusion.backend_used
-    result.model = model if keep_model else None
-    return result
+    return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
+                         lambda: _spectral(model, first.x, first.edge_index,
+                                           f"{where}, after training"),
+                         keep_model)
 
 
-def train(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig,
+def train_graph_split(dataset: GraphDataset, config: TrainConfig, split: int,
+                      progress: bool = True, keep_model: bool = False, *,
+                      device: Union[str, torch.device, None] = None,
+                      compile_model: bool = False, sync_every: int = 10) -> SplitResult:
+    """As :func:`train_node_split` for graph classification (fold ``split``): batches of
+    graphs are copied to ``device`` (default: the CPU) from pinned memory, without
+    blocking."""
+    return _train_batched_split(dataset, _GraphClassification, config, split, progress,
+                                keep_model, device, compile_model, sync_every)
+
+
+def train_multilabel_split(dataset: InductiveDataset, config: TrainConfig, split: int = 0,
+                           progress: bool = True, keep_model: bool = False, *,
+                           device: Union[str, torch.device, None] = None,
+                           compile_model: bool = False, sync_every: int = 10) -> SplitResult:
+    """As :func:`train_node_split` for multi-label node classification across graphs (PPI,
+    appendix table tab:tab4): trains on batches of ``config.batch_size`` training graphs with
+    binary cross-entropy over every label, selects the epoch of the best validation micro-F1
+    (ties: lower validation loss) and reports the test micro-F1 there, each computed over all
+    nodes of the set's graphs. ``device`` defaults to the CPU."""
+    return _train_batched_split(dataset, _MultiLabel, config, split, progress, keep_model,
+                                device, compile_model, sync_every)
+
+
+def train(dataset: Dataset, config: TrainConfig,
           splits: Optional[Sequence[int]] = None, progress: bool = True,
           on_split: Optional[Callable[[SplitResult], None]] = None, *,
           device: Union[str, torch.device, None] = "auto", compile_model: bool = False,
           sync_every: int = 10) -> RunResult:
     """Trains one model per split in ``splits`` (default: all) on ``device`` (``"auto"``: the
-    GPU when one is visible) and collects the results; ``on_split`` is called after each
-    split (the CLI prints there). ``compile_model`` compiles each model's forward with
-    ``torch.compile``; ``sync_every`` is the number of epochs between host reads."""
+    GPU when one is visible) and collects the results, scored by the dataset's task
+    (:data:`TASK_METRICS`: accuracy, or micro-F1 for multi-label PPI); ``on_split`` is called
+    after each split (the CLI prints there). ``compile_model`` compiles each model's forward
+    with ``torch.compile``; ``sync_every`` is the number of epochs between host reads."""
     n = len(dataset.splits)
     splits = list(range(n)) if splits is None else list(splits)
     bad = [k for k in splits if not (isinstance(k, int) and 0 <= k < n)]
@@ -422,8 +577,10 @@ def train(dataset: Union[NodeDataset, GraphDataset], config: TrainConfig,
         dataset = dataset.to(device)
     run = RunResult(dataset.name, config.laplacian, config,
                     environment={**describe_device(device), "threads": torch.get_num_threads(),
-                                 "compiled": bool(compile_model)})
-    fit = train_graph_split if dataset.task == "graph" else train_node_split
+                                 "compiled": bool(compile_model)},
+                    metric=TASK_METRICS[dataset.task])
+    fit = {"node": train_node_split, "graph": train_graph_split,
+           "multilabel": train_multilabel_split}[dataset.task]
     for k in splits:
         result = fit(dataset, config, k, progress, device=device, compile_model=compile_model,
                      sync_every=sync_every)

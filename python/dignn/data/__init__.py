@@ -38,6 +38,7 @@ from ..catalog import DATASETS
 from .core import (GraphDataset, NodeDataset, Split, edge_homophily, mask_splits,
                    random_splits, row_normalize, sparse_features, stratified_folds)
 from .generated import csbm, penn94_synthetic
+from .ppi import InductiveDataset, load_ppi
 from .storage import (DatasetUnavailableError, PathLike, default_cache_dir,
                       default_data_root)
 from . import pyg as _pyg
@@ -70,6 +71,8 @@ def load_dataset(name: str = "csbm", data_root: Optional[PathLike] = None,
         return _pyg._heterophilous_npz("chameleon", data_root, cache_dir)
     if key == "chameleon-directed":
         return _pyg._chameleon_directed(data_root, cache_dir)
+    if key == "ppi":
+        return load_ppi(data_root, cache_dir)
     if key in ("amherst41", "cornell5", "penn94"):
         return _pyg._linkx(key, data_root, cache_dir)
     return _pyg._mutag(data_root, cache_dir)

@@ -1,0 +1,114 @@
+"""PPI (protein-protein interaction graphs, Zitnik & Leskovec 2017) for multi-label node
+classification across graphs: the paper's appendix "Semi-supervised node classification on
+homophilic graphs", table tab:tab4 (micro-F1), with GraphSAGE's split of 20 training, 2
+validation and 2 test graphs, as PyG's ``PPI(root, split="train"|"val"|"test")`` reads it.
+
+Each node has 50 features and 121 binary labels (gene ontology sets). The task is inductive:
+the model never sees the validation and test graphs while it trains.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+from .core import Split
+from .storage import DatasetUnavailableError, stage, with_download_hint
+
+__all__ = ["InductiveDataset", "PPI_URL", "PPI_RAW_FILES", "load_ppi"]
+
+# PyG's PPI.url: the zip holds the twelve raw files below, unzipped into <root>/ppi/raw.
+PPI_URL = "https://data.dgl.ai/dataset/ppi.zip"
+# PyG's PPI.raw_file_names: for each of the three splits the node features, the graph id of
+# each node, the networkx node-link JSON of the split's graphs and the node labels.
+PPI_RAW_FILES = tuple(f"{split}_{part}" for split in ("train", "valid", "test")
+                      for part in ("feats.npy", "graph_id.npy", "graph.json", "labels.npy"))
+
+
+@dataclass
+class InductiveDataset:
+    """Node classification across graphs: training graphs, then validation and test graphs
+    the model does not see while it trains. ``graphs`` holds PyG ``Data`` objects (``x``
+    [n, num_features], ``edge_index``, ``y`` [n, num_labels] of 0/1), the training graphs
+    first; the single split holds the positions of each set's graphs in ``graphs``."""
+
+    name: str
+    graphs: List  # PyG Data objects
+    num_features: int
+    num_labels: int
+    splits: List[Split]
+    description: str = ""
+
+    task = "multilabel"
+
+    @property
+    def num_classes(self) -> int:
+        """The classifier's output width: one logit per label."""
+        return self.num_labels
+
+    def _graphs_of(self, index) -> List:
+        return [self.graphs[i] for i in index.tolist()]
+
+    @property
+    def train(self) -> List:
+        return self._graphs_of(self.splits[0].train)
+
+    @property
+    def val(self) -> List:
+        return self._graphs_of(self.splits[0].val)
+
+    @property
+    def test(self) -> List:
+        return self._graphs_of(self.splits[0].test)
+
+
+def _layout(missing) -> str:
+    """The files a data root needs, and which of them the cache lacks."""
+    files = f"ppi/raw/ with the files of {PPI_URL} unzipped ({', '.join(PPI_RAW_FILES)}"
+    if len(missing) == len(PPI_RAW_FILES):
+        return files + ")"
+    return f"{files}; missing: {', '.join(missing)})"
+
+
+def _download(root: Path) -> None:
+    """PyG's PPI download: the zip into ``root``, unzipped into ``root/raw``. The downloader
+    is looked up when called, so that a test can replace it."""
+    import os
+    import torch_geometric.data as pyg_data
+    path = pyg_data.download_url(PPI_URL, str(root))
+    pyg_data.extract_zip(path, str(root / "raw"))
+    os.unlink(path)
+
+
+def load_ppi(data_root=None, cache_dir=None) -> InductiveDataset:
+    """PPI from ``<data_root>/ppi/raw/`` (the twelve files of :data:`PPI_RAW_FILES`), copied
+    into ``<cache>/ppi/raw`` where PyG's ``PPI`` writes ``processed/``; downloaded from
+    :data:`PPI_URL` when absent. Without the files and without network:
+    :class:`DatasetUnavailableError` naming the missing files and the URL."""
+    import torch
+    from torch_geometric.datasets import PPI
+    cache = stage(data_root, cache_dir, ["ppi/raw"])
+    root = cache / "ppi"
+
+    def missing():
+        return [f for f in PPI_RAW_FILES if not (root / "raw" / f).exists()]
+    if missing():
+        with_download_hint("ppi", lambda: _download(root), cache, _layout(missing()))
+        if missing():
+            raise DatasetUnavailableError(f"dataset 'ppi': the download from {PPI_URL} did "
+                                          f"not provide {_layout(missing())}")
+    parts = [list(PPI(str(root), split=s)) for s in ("train", "val", "test")]
+    graphs = [g for part in parts for g in part]
+    ends = torch.tensor([len(p) for p in parts]).cumsum(0).tolist()
+    split = Split(torch.arange(0, ends[0]), torch.arange(ends[0], ends[1]),
+                  torch.arange(ends[1], ends[2]))
+    if not all(split.sizes()):
+        raise DatasetUnavailableError(f"dataset 'ppi': the raw files under {root / 'raw'} "
+                                      f"hold {split.sizes()} train/validation/test graphs; "
+                                      f"each split needs at least one")
+    num_labels = graphs[0].y.size(1)
+    n_train, n_val, n_test = split.sizes()
+    return InductiveDataset(
+        "ppi", graphs, graphs[0].x.size(1), num_labels, [split],
+        f"PPI (GraphSAGE's split: {n_train} train / {n_val} validation / {n_test} test graphs, "
+        f"{num_labels} labels per node, micro-F1)")
