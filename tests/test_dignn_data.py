@@ -91,20 +91,30 @@ def test_unknown_dataset():
 
 
 def test_missing_data_root_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data_root"):
+    with pytest.raises(FileNotFoundError, match="data_root .* was given but does not exist"):
         dd.load_dataset("cora", tmp_path / "nope", tmp_path / "cache")
 
 
-def test_offline_without_files_is_a_clear_error(tmp_path, monkeypatch):
+def _refuse_downloads(monkeypatch):
+    import importlib
     import torch_geometric.data
+    import torch_geometric.io.fs
 
     def offline(*args, **kwargs):
         raise urllib.error.URLError("network unreachable")
     monkeypatch.setattr(torch_geometric.data, "download_url", offline)
+    monkeypatch.setattr(torch_geometric.io.fs, "cp", offline)
+    monkeypatch.setattr(importlib.import_module("torch_geometric.datasets.linkx_dataset"),
+                        "download_url", offline)
+
+
+def test_offline_without_files_is_a_clear_error(tmp_path, monkeypatch):
+    _refuse_downloads(monkeypatch)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(dd.DatasetUnavailableError, match="--data-root"):
+    with pytest.raises(dd.DatasetUnavailableError, match="--data-root") as err:
         dd.load_dataset("chameleon", empty, tmp_path / "cache")
+    assert "chameleon/raw/: chameleon.npz" in str(err.value)
 
 
 # ------------------------------------------------------------ real data (if present) --
@@ -159,30 +169,55 @@ def test_amherst41(cache):
 
 
 @needs_data
+@pytest.mark.slow  # about 4 s: PyG builds cornell5's dense one-hot features (18,660 x 4,735)
+def test_cornell5(cache):
+    g = dd.load_dataset("cornell5", DATA_ROOT, cache)
+    assert (g.num_nodes, g.num_features, g.num_classes) == (18660, 4735, 2)
+    assert g.edge_index.size(1) == 1581554 and len(g.splits) == 10
+    labeled = int((g.y >= 0).sum())
+    assert [s.train.numel() for s in g.splits] == [labeled // 2] * 10
+
+
+@needs_data
+def test_chameleon_directed(cache):
+    """The Geom-GCN link list with the npz: 36,101 directed links; made undirected, the npz's
+    31,371 pairs plus 50 self-loops; features, labels and splits those of chameleon."""
+    from torch_geometric.utils import remove_self_loops, to_undirected
+    d = dd.load_dataset("chameleon-directed", DATA_ROOT, cache)
+    u = dd.load_dataset("chameleon", DATA_ROOT, cache)
+    assert d.num_nodes == 2277 and d.edge_index.size(1) == 36101
+    assert int((d.edge_index[0] == d.edge_index[1]).sum()) == 50
+    undirected = to_undirected(d.edge_index)
+    assert undirected.size(1) == 2 * 31371 + 50
+    assert torch.equal(remove_self_loops(undirected)[0], to_undirected(u.edge_index))
+    assert torch.equal(d.x, u.x) and torch.equal(d.y, u.y)
+    for a, b in zip(d.splits, u.splits):
+        assert all(torch.equal(p, q) for p, q in zip((a.train, a.val, a.test),
+                                                     (b.train, b.val, b.test)))
+
+
+@needs_data
+def test_penn94_without_its_graph_file_names_what_is_missing(tmp_path, monkeypatch):
+    """The shared folder has Penn94's split file but not Penn94.mat."""
+    _refuse_downloads(monkeypatch)
+    with pytest.raises(dd.DatasetUnavailableError) as err:
+        dd.load_dataset("penn94", DATA_ROOT, tmp_path / "cache")
+    assert "missing from the cache: penn94/raw/data.mat" in str(err.value)
+    assert "Penn94.mat (saved as data.mat)" in str(err.value)
+
+
+@needs_data
+def test_nci1(cache):
+    g = dd.load_dataset("nci1", DATA_ROOT, cache)
+    assert g.task == "graph" and len(g.graphs) == 4110
+    assert (g.num_features, g.num_classes) == (37, 2)
+    assert sum(graph.edge_index.size(1) for graph in g.graphs) == 265506
+    assert sorted(torch.cat([s.test for s in g.splits]).tolist()) == list(range(4110))
+
+
+@needs_data
 def test_mutag(cache):
     g = dd.load_dataset("mutag", DATA_ROOT, cache)
     assert g.task == "graph" and len(g.graphs) == 188
     assert (g.num_features, g.num_classes) == (7, 2)
     assert sorted(torch.cat([s.test for s in g.splits]).tolist()) == list(range(188))
-
-
-def test_chameleon_directed_loader_on_a_tiny_geom_gcn_fixture(tmp_path):
-    """The Geom-GCN release's layout (PyG's WikipediaNetwork, geom_gcn_preprocess=True), here
-    a 4-node stand-in: directed links are kept and flipped so that a page aggregates over
-    the pages it links to."""
-    import numpy as np
-    raw = tmp_path / "root" / "chameleon" / "geom_gcn" / "raw"
-    raw.mkdir(parents=True)
-    rows = ["node_id\tfeature\tlabel"] + [f"{i}\t{i % 2},1,0\t{i % 3}" for i in range(4)]
-    (raw / "out1_node_feature_label.txt").write_text("\n".join(rows) + "\n")
-    (raw / "out1_graph_edges.txt").write_text("node_id\tnode_id\n0\t1\n1\t2\n3\t0\n")
-    for k in range(10):
-        masks = {m: np.array([i % 4 == j for i in range(4)])
-                 for j, m in enumerate(["train_mask", "val_mask", "test_mask"])}
-        np.savez(raw / f"chameleon_split_0.6_0.2_{k}.npz", **masks)
-    g = dd.load_dataset("chameleon-directed", tmp_path / "root", tmp_path / "cache")
-    assert g.num_nodes == 4 and len(g.splits) == 10
-    # link 0 -> 1 is stored as the message 1 -> 0: node 0 aggregates what it links to
-    assert sorted(map(tuple, g.edge_index.t().tolist())) == [(0, 3), (1, 0), (2, 1)]
-    torch.testing.assert_close(g.x.sum(1), torch.ones(4))
-    assert not (tmp_path / "root" / "chameleon" / "geom_gcn" / "processed").exists()

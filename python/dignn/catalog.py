@@ -6,9 +6,14 @@ __all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS"]
 
 # dataset name -> task ("node", "graph", or "multilabel": node labels across graphs)
 DATASETS: Dict[str, str] = {
-    "csbm": "node", "penn94-synthetic": "node", "cora": "node", "chameleon": "node",
-    "chameleon-directed": "node",
-    "amherst41": "node", "cornell5": "node", "penn94": "node", "mutag": "graph",
+    "csbm": "node", "penn94-synthetic": "node",
+    "cora": "node", "citeseer": "node", "pubmed": "node",
+    "chameleon": "node", "squirrel": "node",
+    "chameleon-directed": "node", "squirrel-directed": "node",
+    "penn94": "node", "amherst41": "node", "cornell5": "node", "johnshopkins55": "node",
+    "reed98": "node",
+    "mutag": "graph", "ptc-mr": "graph", "proteins": "graph", "nci1": "graph",
+    "imdb-binary": "graph", "imdb-multi": "graph",
     "ppi": "multilabel",
 }
 

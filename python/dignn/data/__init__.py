@@ -3,36 +3,44 @@ graphs that need no files.
 
 Every loader returns a :class:`NodeDataset` (one graph, node labels, a list of splits) or a
 :class:`GraphDataset` (many graphs, graph labels, a list of folds); :func:`load_dataset` picks
-by name:
+by name (one line each: task, PyG class, splits):
 
-- ``csbm`` (the default; node task): generated contextual stochastic block model, 10 seeded
+- ``csbm`` (node; the default): generated contextual stochastic block model, 10 seeded
   60/20/20 splits.
 - ``penn94-synthetic`` (node): generated graph of Penn94's shape, 10 seeded 50/25/25 splits.
-- ``cora`` (node): ``Planetoid(root, "Cora", split="geom-gcn")``, the 10 Geom-GCN splits.
-- ``chameleon`` (node): the heterophilous-graphs npz (``chameleon/raw/chameleon.npz``, the
-  format of ``HeterophilousGraphDataset``), undirected, 10 splits stored in the file.
-- ``chameleon-directed`` (node): ``WikipediaNetwork(root, "chameleon",
+- ``cora``, ``citeseer``, ``pubmed`` (node): ``Planetoid(root, "Cora"|"CiteSeer"|"PubMed",
+  split="geom-gcn")``, the 10 Geom-GCN splits, row-normalized features.
+- ``chameleon``, ``squirrel`` (node): the heterophilous-graphs npz (``<name>/raw/<name>.npz``,
+  the format of ``HeterophilousGraphDataset``, read here), undirected, its 10 stored splits.
+- ``chameleon-directed``, ``squirrel-directed`` (node): ``WikipediaNetwork(root, name,
   geom_gcn_preprocess=True)``, the Geom-GCN release with directed links, 10 Geom-GCN splits.
-- ``amherst41``, ``cornell5`` (node): ``LINKXDataset(root, name)``, 10 seeded random
-  50/25/25 splits of the labeled nodes.
 - ``penn94`` (node): ``LINKXDataset(root, "penn94")``, its 5 fixed splits.
-- ``mutag`` (graph): ``TUDataset(root, "MUTAG")``, stratified 10-fold cross-validation.
+- ``amherst41``, ``cornell5``, ``johnshopkins55``, ``reed98`` (node): ``LINKXDataset(root,
+  name)``, 10 seeded random 50/25/25 splits of the labeled nodes.
+- ``mutag``, ``ptc-mr``, ``proteins``, ``nci1`` (graph): ``TUDataset(root, "MUTAG"|"PTC_MR"|
+  "PROTEINS"|"NCI1")``, one-hot node labels, stratified 10-fold cross-validation.
+- ``imdb-binary``, ``imdb-multi`` (graph): ``TUDataset(root, "IMDB-BINARY"|"IMDB-MULTI")``,
+  one-hot degree features (``OneHotDegree``), stratified 10-fold cross-validation.
+- ``ppi`` (multi-label, inductive): ``PPI(root, split)``, 20 train / 2 validation / 2 test
+  graphs (GraphSAGE's split), 121 labels, micro-F1 (:class:`InductiveDataset`).
 
 Data root and cache. Raw files are looked for under ``data_root`` (default ``$DIGNN_DATA``,
 else the cache) in PyG's layout ``<root>/<name>/raw/...``. The data root is only ever read:
 PyG writes ``processed/`` files, so the needed raw files are first copied into the cache
-(``cache_dir``, default ``$DIGNN_CACHE`` or ``~/.cache/dignn``) and PyG runs there. With no raw
-files anywhere, PyG's normal download fills the cache.
+(``cache_dir``, default ``$DIGNN_CACHE`` or ``~/.cache/dignn``, created when missing) and PyG
+runs there. With no raw files anywhere, PyG's normal download fills the cache; offline, a
+:class:`DatasetUnavailableError` lists every file PyG expects, its folder and its URL.
 
-Seeds (fixed, so that every run sees the same splits): the LINKX-style random splits of
-amherst41/cornell5 and the generated graphs use ``torch.Generator().manual_seed(k)`` for split
-``k``, over the labeled nodes only (label -1 = unlabeled), 50/25/25 as in LINKX; MUTAG's folds
-are stratified by class with seed 0 (fold ``k`` is the test set, fold ``k + 1 mod 10`` the
+Seeds (fixed, so that every run sees the same splits): the LINKX-style random splits and the
+generated graphs use ``torch.Generator().manual_seed(k)`` for split ``k``, over the labeled
+nodes only (label -1 = unlabeled), 50/25/25 as in LINKX; the TU datasets' folds are
+stratified by class with seed 0 (fold ``k`` is the test set, fold ``k + 1 mod 10`` the
 validation set, the other eight train).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from functools import partial
+from typing import Callable, Dict, Optional, Union
 
 from ..catalog import DATASETS
 from .core import (GraphDataset, NodeDataset, Split, edge_homophily, mask_splits,
@@ -41,38 +49,58 @@ from .generated import csbm, penn94_synthetic
 from .ppi import InductiveDataset, load_ppi
 from .storage import (DatasetUnavailableError, PathLike, default_cache_dir,
                       default_data_root)
-from . import pyg as _pyg
+from . import linkx, planetoid, tu, wikipedia
 
 __all__ = [
     "NodeDataset", "GraphDataset", "Split", "DATASETS", "DatasetUnavailableError",
     "load_dataset", "default_data_root", "default_cache_dir", "csbm", "penn94_synthetic",
-    "random_splits", "stratified_folds", "edge_homophily",
+    "random_splits", "stratified_folds", "edge_homophily", "LOADERS", "GENERATORS",
+    "InductiveDataset",
 ]
+
+# The generators take options (load_dataset's keyword arguments) and no files; looked up in
+# this module at call time, so that tests can replace ``dignn.data.csbm``.
+GENERATORS: Dict[str, Callable] = {
+    "csbm": lambda **options: csbm(**options),
+    "penn94-synthetic": lambda **options: penn94_synthetic(**options),
+}
+
+# name -> loader(data_root, cache_dir); one line per dataset.
+LOADERS: Dict[str, Callable] = {
+    "cora": partial(planetoid.load, "cora"),
+    "citeseer": partial(planetoid.load, "citeseer"),
+    "pubmed": partial(planetoid.load, "pubmed"),
+    "chameleon": partial(wikipedia.load_npz, "chameleon"),
+    "squirrel": partial(wikipedia.load_npz, "squirrel"),
+    "chameleon-directed": partial(wikipedia.load_directed, "chameleon-directed"),
+    "squirrel-directed": partial(wikipedia.load_directed, "squirrel-directed"),
+    "penn94": partial(linkx.load, "penn94"),
+    "amherst41": partial(linkx.load, "amherst41"),
+    "cornell5": partial(linkx.load, "cornell5"),
+    "johnshopkins55": partial(linkx.load, "johnshopkins55"),
+    "reed98": partial(linkx.load, "reed98"),
+    "mutag": partial(tu.load, "mutag"),
+    "ptc-mr": partial(tu.load, "ptc-mr"),
+    "proteins": partial(tu.load, "proteins"),
+    "nci1": partial(tu.load, "nci1"),
+    "imdb-binary": partial(tu.load, "imdb-binary"),
+    "imdb-multi": partial(tu.load, "imdb-multi"),
+    "ppi": load_ppi,
+}
 
 
 def load_dataset(name: str = "csbm", data_root: Optional[PathLike] = None,
                  cache_dir: Optional[PathLike] = None, **generator_kwargs
                  ) -> Union[NodeDataset, GraphDataset]:
-    """Loads a dataset by name (see the module docstring). ``generator_kwargs`` go to the
-    generators of ``csbm`` and ``penn94-synthetic`` (e.g. ``homophily=0.3``)."""
+    """Loads a dataset by name (see the module docstring; ``_`` and ``-`` are the same).
+    ``generator_kwargs`` go to the generators of ``csbm`` and ``penn94-synthetic`` (e.g.
+    ``homophily=0.3``)."""
     key = name.lower().replace("_", "-")
-    if key not in DATASETS:
+    if key not in DATASETS or key not in {**GENERATORS, **LOADERS}:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
-    if generator_kwargs and key not in ("csbm", "penn94-synthetic"):
+    if key in GENERATORS:
+        return GENERATORS[key](**generator_kwargs)
+    if generator_kwargs:
         raise ValueError(f"dataset {name!r} takes no generator options, got "
                          f"{sorted(generator_kwargs)}")
-    if key == "csbm":
-        return csbm(**generator_kwargs)
-    if key == "penn94-synthetic":
-        return penn94_synthetic(**generator_kwargs)
-    if key == "cora":
-        return _pyg._cora(data_root, cache_dir)
-    if key == "chameleon":
-        return _pyg._heterophilous_npz("chameleon", data_root, cache_dir)
-    if key == "chameleon-directed":
-        return _pyg._chameleon_directed(data_root, cache_dir)
-    if key == "ppi":
-        return load_ppi(data_root, cache_dir)
-    if key in ("amherst41", "cornell5", "penn94"):
-        return _pyg._linkx(key, data_root, cache_dir)
-    return _pyg._mutag(data_root, cache_dir)
+    return LOADERS[key](data_root, cache_dir)
