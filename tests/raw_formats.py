@@ -274,4 +274,8 @@ def write_dataset(root, name: str) -> Written:
         return write_linkx_mat(root, name, num_fixed_splits=5 if name == "penn94" else 0)
     if name in TU_RELEASES:
         return write_tu(root, **TU_RELEASES[name])
+    if name == "ppi":
+        from ppi_raw_format import write_ppi_raw
+        write_ppi_raw(root)
+        return Written(Path(root), _files(Path(root), Path(root) / "ppi" / "raw"))
     raise ValueError(f"no fixture writer for dataset {name!r}")

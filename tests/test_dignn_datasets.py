@@ -26,7 +26,7 @@ def offline(monkeypatch):
     import torch_geometric.io.fs
     monkeypatch.setattr(torch_geometric.data, "download_url", refuse)
     monkeypatch.setattr(torch_geometric.io.fs, "cp", refuse)
-    for module in ("linkx_dataset", "wikipedia_network", "heterophilous_graph_dataset"):
+    for module in ("linkx_dataset", "wikipedia_network", "heterophilous_graph_dataset", "ppi"):
         mod = importlib.import_module(f"torch_geometric.datasets.{module}")
         monkeypatch.setattr(mod, "download_url", refuse)
     return attempts

@@ -35,7 +35,9 @@ def _offline(monkeypatch):
 
     def offline(*args, **kwargs):
         raise urllib.error.URLError("network unreachable")
+    import torch_geometric.datasets.ppi
     monkeypatch.setattr(torch_geometric.data, "download_url", offline)
+    monkeypatch.setattr(torch_geometric.datasets.ppi, "download_url", offline)
 
 
 def test_loader_on_the_raw_format(ppi, fixture_root):
@@ -65,7 +67,8 @@ def test_offline_without_files_names_them_and_the_url(tmp_path, monkeypatch):
     # one file short: the message says which
     root = write_ppi_raw(tmp_path / "partial")
     (root / "ppi" / "raw" / "valid_labels.npy").unlink()
-    with pytest.raises(DatasetUnavailableError, match=r"missing: valid_labels\.npy\)"):
+    with pytest.raises(DatasetUnavailableError,
+                       match=r"missing from the cache: ppi/raw/valid_labels\.npy"):
         load_dataset("ppi", root, tmp_path / "cache2")
 
 

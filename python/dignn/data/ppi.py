@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import List
 
 from .core import Split
-from .storage import DatasetUnavailableError, stage, with_download_hint
+from .storage import DatasetUnavailableError, RawFiles, load_staged
 
 __all__ = ["InductiveDataset", "PPI_URL", "PPI_RAW_FILES", "load_ppi"]
 
@@ -62,48 +62,28 @@ class InductiveDataset:
         return self._graphs_of(self.splits[0].test)
 
 
-def _layout(missing) -> str:
-    """The files a data root needs, and which of them the cache lacks."""
-    files = f"ppi/raw/ with the files of {PPI_URL} unzipped ({', '.join(PPI_RAW_FILES)}"
-    if len(missing) == len(PPI_RAW_FILES):
-        return files + ")"
-    return f"{files}; missing: {', '.join(missing)})"
-
-
-def _download(root: Path) -> None:
-    """PyG's PPI download: the zip into ``root``, unzipped into ``root/raw``. The downloader
-    is looked up when called, so that a test can replace it."""
-    import os
-    import torch_geometric.data as pyg_data
-    path = pyg_data.download_url(PPI_URL, str(root))
-    pyg_data.extract_zip(path, str(root / "raw"))
-    os.unlink(path)
+def raw_files() -> List[RawFiles]:
+    """The twelve files ``PPI(root)`` reads from ``ppi/raw`` and the zip they come in."""
+    return [RawFiles("ppi/raw", PPI_RAW_FILES, f"{PPI_URL} (unzipped)")]
 
 
 def load_ppi(data_root=None, cache_dir=None) -> InductiveDataset:
     """PPI from ``<data_root>/ppi/raw/`` (the twelve files of :data:`PPI_RAW_FILES`), copied
-    into ``<cache>/ppi/raw`` where PyG's ``PPI`` writes ``processed/``; downloaded from
-    :data:`PPI_URL` when absent. Without the files and without network:
-    :class:`DatasetUnavailableError` naming the missing files and the URL."""
+    into ``<cache>/ppi/raw`` where PyG's ``PPI`` writes ``processed/``; PyG downloads
+    :data:`PPI_URL` when they are absent. Without the files and without network:
+    :class:`DatasetUnavailableError` naming every file, its folder and the URL."""
     import torch
     from torch_geometric.datasets import PPI
-    cache = stage(data_root, cache_dir, ["ppi/raw"])
-    root = cache / "ppi"
 
-    def missing():
-        return [f for f in PPI_RAW_FILES if not (root / "raw" / f).exists()]
-    if missing():
-        with_download_hint("ppi", lambda: _download(root), cache, _layout(missing()))
-        if missing():
-            raise DatasetUnavailableError(f"dataset 'ppi': the download from {PPI_URL} did "
-                                          f"not provide {_layout(missing())}")
-    parts = [list(PPI(str(root), split=s)) for s in ("train", "val", "test")]
+    def construct(cache: Path):
+        return [list(PPI(str(cache / "ppi"), split=s)) for s in ("train", "val", "test")]
+    parts = load_staged("ppi", data_root, cache_dir, raw_files(), construct)
     graphs = [g for part in parts for g in part]
     ends = torch.tensor([len(p) for p in parts]).cumsum(0).tolist()
     split = Split(torch.arange(0, ends[0]), torch.arange(ends[0], ends[1]),
                   torch.arange(ends[1], ends[2]))
     if not all(split.sizes()):
-        raise DatasetUnavailableError(f"dataset 'ppi': the raw files under {root / 'raw'} "
+        raise DatasetUnavailableError(f"dataset 'ppi': the raw files in ppi/raw "
                                       f"hold {split.sizes()} train/validation/test graphs; "
                                       f"each split needs at least one")
     num_labels = graphs[0].y.size(1)

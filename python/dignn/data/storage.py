@@ -10,7 +10,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 __all__ = ["PathLike", "DatasetUnavailableError", "RawFiles", "default_cache_dir",
            "default_data_root", "stage", "load_staged", "require_complete",
-           "with_download_hint"]
+           ]
 
 PathLike = Union[str, os.PathLike]
 T = TypeVar("T")
@@ -153,19 +153,3 @@ def require_complete(name: str, data_root: Optional[PathLike], cache_dir: Option
     if missing and len(missing) < sum(len(g.names) for g in raw):
         raise _unavailable(name, root, cache, raw,
                            f"its raw folder is incomplete ({', '.join(missing)} missing)")
-
-
-def with_download_hint(name: str, load: Callable[[], T], cache: Path, layout: str) -> T:
-    """Runs ``load()`` (a PyG constructor on an already staged cache); a failed download
-    becomes a DatasetUnavailableError naming ``layout`` (the files expected under the data
-    root). :func:`load_staged` does the same with every file and URL spelled out."""
-    try:
-        return load()
-    except OSError as err:
-        if isinstance(err, FileNotFoundError) and "raw" not in str(err):
-            raise
-        raise DatasetUnavailableError(
-            f"dataset {name!r}: its raw files are not in the cache {str(cache)!r} and could "
-            f"not be downloaded ({type(err).__name__}: {err}). Pass --data-root (or "
-            f"data_root=) pointing at a folder holding {layout}, or run with network "
-            f"access.") from None
