@@ -3,7 +3,8 @@
 
 - :mod:`dignn.models`: :class:`DIGNNNodeClassifier` (input units ``mlp``, ``adj``, ``linkx``)
   and :class:`DIGNNGraphClassifier`.
-- :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, and generated graphs.
+- :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, generated graphs, and
+  users' own graphs (:func:`train_graph_data` trains on a PyG ``Data`` or a saved file).
 - :mod:`dignn.spectral`: lambda_max(Delta) and the mu check.
 - :mod:`dignn.presets`, :mod:`dignn.training`: the paper's hyperparameters and training.
 - :mod:`dignn.device`: ``device="auto" | "cpu" | "cuda" | "cuda:N"`` and thread choice.
@@ -22,6 +23,8 @@ _EXPORTS = {
     "MuBelowSpectrumWarning": "spectral", "check_mu": "spectral",
     "estimate_lambda_max": "spectral", "RunResult": "training", "train": "training",
     "resolve_device": "device",
+    "train_graph_data": "data.custom", "from_pyg": "data.custom",
+    "load_user_file": "data.custom", "UserDataError": "data.custom",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -52,6 +52,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _dataset_arg(text: str) -> str:
+    """A known dataset name (lower-cased) or the path of an existing file (kept as given)."""
+    from .catalog import DATASETS
+    if text.lower() in DATASETS:
+        return text.lower()
+    if Path(text).expanduser().is_file():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(sorted(DATASETS))}, or give the "
+        f"path of an existing file holding a torch_geometric Data or InMemoryDataset saved "
+        f"with torch.save)")
+
+
+def _split_ratio(text: str) -> List[float]:
+    values = _float_list(text)
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three shares train,val,test such as "
+                                         f"0.6,0.2,0.2, got {text!r}")
+    return values
+
+
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", metavar="DIR", default=None,
                    help="folder with the raw datasets in PyG's layout <root>/<name>/raw "
@@ -87,8 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train DIGNN and report test accuracy per split")
-    t.add_argument("--dataset", default="csbm", choices=sorted(DATASETS), type=str.lower,
-                   help="dataset (default: csbm, a generated graph that needs no files)")
+    t.add_argument("--dataset", default="csbm", type=_dataset_arg, metavar="NAME|FILE",
+                   help=f"dataset: one of {', '.join(sorted(DATASETS))} (default: csbm, a "
+                        f"generated graph that needs no files), or a file written by "
+                        f"torch.save holding a torch_geometric Data (node classification; "
+                        f"splits from its train/val/test masks or --split-ratio) or an "
+                        f"InMemoryDataset / list of Data with one label per graph (graph "
+                        f"classification); such a file trains with the generic user-data "
+                        f"preset and, if it is not plain PyG data, is unpickled: use trusted "
+                        f"files only")
+    t.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
+                   help="dataset file without masks: seeded random splits with these shares "
+                        "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2")
+    t.add_argument("--num-splits", type=_positive_int, default=None, metavar="N",
+                   help="dataset file: the number of --split-ratio splits or of "
+                        "cross-validation folds of graphs (default 10); csbm and "
+                        "penn94-synthetic: the number of generated splits")
     _add_data_args(t)
     t.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
                    help="the implicit layer's Laplacian: neural (the learnable graph neural "
@@ -227,15 +262,19 @@ def _set_threads(args, work: int) -> str:
 
 
 def _train(args) -> int:
-    from .data import DatasetUnavailableError, load_dataset
+    from .catalog import DATASETS
+    from .data import DatasetUnavailableError, load_dataset, load_user_file
     from .device import describe_device
-    from .presets import preset_config
+    from .presets import USER_DATA, preset_config
     from .training import train
     device = _run_setup(args, "dignn train")
     if device is None:
         return 2
+    user_file = args.dataset not in DATASETS
+    preset_name = "user-data (generic)" if user_file else args.preset
     try:
-        config = preset_config(args.dataset, args.laplacian, args.preset, mu=args.mu,
+        config = preset_config(USER_DATA if user_file else args.dataset, args.laplacian,
+                               args.preset, mu=args.mu,
                                hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
                                dropout=args.dropout, max_iter=args.max_iter, tol=args.tol,
                                input_unit=args.input_unit, epochs=args.epochs,
@@ -243,7 +282,17 @@ def _train(args) -> int:
                                spectral_norm=args.spectral_norm,
                                solver=args.solver, backend=args.backend)
         start = time.perf_counter()
-        dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
+        if user_file:
+            dataset = load_user_file(args.dataset, split_ratio=args.split_ratio,
+                                     num_splits=args.num_splits or 10)
+        else:
+            generated = args.dataset in ("csbm", "penn94-synthetic")
+            if args.split_ratio is not None or (args.num_splits and not generated):
+                raise ValueError(f"--split-ratio{'' if generated else ' and --num-splits'} "
+                                 f"apply to a dataset file; {args.dataset} comes with its own "
+                                 f"splits (select some with --splits)")
+            extra = {"num_splits": args.num_splits} if args.num_splits else {}
+            dataset = load_dataset(args.dataset, args.data_root, args.cache_dir, **extra)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
@@ -260,7 +309,7 @@ def _train(args) -> int:
     shown = {k: v for k, v in config.as_dict().items()
              if k not in ("backend",) and not (dataset.task == "node" and
                                                 k in ("batch_size", "pooling"))}
-    print(f"preset {args.preset}: " + ", ".join(f"{k}={v}" for k, v in shown.items()),
+    print(f"preset {preset_name}: " + ", ".join(f"{k}={v}" for k, v in shown.items()),
           flush=True)
 
     def report(r):
@@ -289,7 +338,7 @@ def _train(args) -> int:
               f"reports it: {100 * sum(peak) / len(peak):.2f} %")
     if args.json:
         record = run.to_json()
-        record["preset"] = args.preset
+        record["preset"] = preset_name
         record["wall_seconds"] = round(total, 2)
         record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
         record.update(peak_memory(device))

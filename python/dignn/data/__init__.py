@@ -41,12 +41,14 @@ from .generated import csbm, penn94_synthetic
 from .storage import (DatasetUnavailableError, PathLike, default_cache_dir,
                       default_data_root)
 from . import pyg as _pyg
+from .custom import UserDataError, from_pyg, load_user_file  # graphs users bring
 
 __all__ = [
     "NodeDataset", "GraphDataset", "Split", "DATASETS", "DatasetUnavailableError",
     "load_dataset", "default_data_root", "default_cache_dir", "csbm", "penn94_synthetic",
     "random_splits", "stratified_folds", "edge_homophily",
 ]
+__all__ += ["UserDataError", "from_pyg", "load_user_file"]
 
 
 def load_dataset(name: str = "csbm", data_root: Optional[PathLike] = None,
