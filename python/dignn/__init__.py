@@ -3,7 +3,8 @@
 
 - :mod:`dignn.models`: :class:`DIGNNNodeClassifier` (input units ``mlp``, ``adj``, ``linkx``)
   and :class:`DIGNNGraphClassifier`.
-- :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, and generated graphs.
+- :mod:`dignn.data`: the paper's datasets through PyTorch Geometric, generated graphs, and
+  users' own graphs (:func:`train_graph_data` trains on a PyG ``Data`` or a saved file).
 - :mod:`dignn.spectral`: lambda_max(Delta) and the mu check.
 - :mod:`dignn.presets`, :mod:`dignn.training`: the paper's hyperparameters and training.
 - :mod:`dignn.sweep`, :mod:`dignn.protocols`: hyperparameter selection on validation accuracy only,
@@ -26,6 +27,8 @@ _EXPORTS = {
     "resolve_device": "device",
     "run_sweep": "sweep", "SweepResult": "sweep", "parse_grid": "sweep",
     "gin_folds": "protocols", "gin_score": "protocols",
+    "train_graph_data": "data.custom", "from_pyg": "data.custom",
+    "load_user_file": "data.custom", "UserDataError": "data.custom",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -56,6 +55,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _dataset_arg(text: str) -> str:
+    """A known dataset name (lower-cased) or the path of an existing file (kept as given)."""
+    from .catalog import DATASETS
+    if text.lower() in DATASETS:
+        return text.lower()
+    if Path(text).expanduser().is_file():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(sorted(DATASETS))}, or give the "
+        f"path of an existing file holding a torch_geometric Data or InMemoryDataset saved "
+        f"with torch.save)")
+
+
+def _split_ratio(text: str) -> List[float]:
+    values = _float_list(text)
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three shares train,val,test such as "
+                                         f"0.6,0.2,0.2, got {text!r}")
+    return values
+
+
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", metavar="DIR", default=None,
                    help="folder with the raw datasets in PyG's layout <root>/<name>/raw "
@@ -92,8 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train DIGNN and report test accuracy per split")
-    t.add_argument("--dataset", default="csbm", choices=sorted(DATASETS), type=str.lower,
-                   help="dataset (default: csbm, a generated graph that needs no files)")
+    t.add_argument("--dataset", default="csbm", type=_dataset_arg, metavar="NAME|FILE",
+                   help=f"dataset: one of {', '.join(sorted(DATASETS))} (default: csbm, a "
+                        f"generated graph that needs no files), or a file written by "
+                        f"torch.save holding a torch_geometric Data (node classification; "
+                        f"splits from its train/val/test masks or --split-ratio) or an "
+                        f"InMemoryDataset / list of Data with one label per graph (graph "
+                        f"classification); such a file trains with the generic user-data "
+                        f"preset and, if it is not plain PyG data, is unpickled: use trusted "
+                        f"files only")
+    t.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
+                   help="dataset file without masks: seeded random splits with these shares "
+                        "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2")
+    t.add_argument("--num-splits", type=_positive_int, default=None, metavar="N",
+                   help="dataset file: the number of --split-ratio splits or of "
+                        "cross-validation folds of graphs (default 10); csbm and "
+                        "penn94-synthetic: the number of generated splits")
     _add_data_args(t)
     t.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
                    help="the implicit layer's Laplacian: neural (the learnable graph neural "
@@ -277,8 +311,35 @@ def _backend_error(config, device) -> Optional[str]:
     return None
 
 
+def _preset_of(args):
+    """(the preset_config key, the preset's label) of ``--dataset``: a named dataset's own
+    row, or the generic row for a user's file."""
+    from .catalog import DATASETS
+    from .presets import USER_DATA
+    if args.dataset in DATASETS:
+        return args.dataset, args.preset
+    return USER_DATA, "user-data (generic)"
+
+
+def _load(args):
+    """The dataset of ``--dataset`` (a name or a user's file) and its splits
+    (``--split-ratio``, ``--num-splits``)."""
+    from .catalog import DATASETS
+    from .data import load_dataset, load_user_file
+    if args.dataset not in DATASETS:
+        return load_user_file(args.dataset, split_ratio=args.split_ratio,
+                              num_splits=args.num_splits or 10)
+    generated = args.dataset in ("csbm", "penn94-synthetic")
+    if args.split_ratio is not None or (args.num_splits and not generated):
+        raise ValueError(f"--split-ratio{'' if generated else ' and --num-splits'} apply to "
+                         f"a dataset file; {args.dataset} comes with its own splits (select "
+                         f"some with --splits)")
+    extra = {"num_splits": args.num_splits} if args.num_splits else {}
+    return load_dataset(args.dataset, args.data_root, args.cache_dir, **extra)
+
+
 def _train(args) -> int:
-    from .data import DatasetUnavailableError, load_dataset
+    from .data import DatasetUnavailableError
     from .device import describe_device
     from .presets import preset_config
     from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
@@ -287,12 +348,11 @@ def _train(args) -> int:
     if device is None:
         return 2
     try:
-        config = preset_config(args.dataset, args.laplacian, args.preset,
-                               **_override_values(args))
+        key, preset_name = _preset_of(args)
+        config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
         check_protocol_config(args.protocol, config)
         start = time.perf_counter()
-        dataset = apply_protocol(load_dataset(args.dataset, args.data_root, args.cache_dir),
-                                 args.protocol)
+        dataset = apply_protocol(_load(args), args.protocol)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
@@ -307,7 +367,7 @@ def _train(args) -> int:
     shown = {k: v for k, v in config.as_dict().items()
              if k not in ("backend",) and not (dataset.task == "node" and
                                                 k in ("batch_size", "pooling"))}
-    print(f"preset {args.preset}: " + ", ".join(f"{k}={v}" for k, v in shown.items()),
+    print(f"preset {preset_name}: " + ", ".join(f"{k}={v}" for k, v in shown.items()),
           flush=True)
 
     def report(r):
@@ -349,10 +409,10 @@ def _train(args) -> int:
         record = run.to_json()
         record["protocol"] = args.protocol
         if args.protocol == "gin":  # per-fold selection on the held-out folds is not kept
-            for key in ("val_acc", "best_epoch"):
-                record.pop(key)
+            for name in ("val_acc", "best_epoch"):
+                record.pop(name)
             record.update(cv.to_json())
-        record["preset"] = args.preset
+        record["preset"] = preset_name
         record["wall_seconds"] = round(total, 2)
         record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
         record.update(peak_memory(device))
@@ -382,7 +442,7 @@ def _settings_table(result) -> List[str]:
 
 
 def _sweep(args) -> int:
-    from .data import DatasetUnavailableError, load_dataset
+    from .data import DatasetUnavailableError
     from .device import describe_device
     from .presets import preset_config
     from .protocols import GIN_DESCRIPTION
@@ -398,9 +458,10 @@ def _sweep(args) -> int:
             settings = sweep.load_settings(args.settings)
         sweep.check_settings(settings, args.max_settings,
                              fixed=[k for k, v in fixed.items() if v is not None])
-        base = preset_config(args.dataset, args.laplacian, args.preset, **fixed)
+        key, preset_name = _preset_of(args)
+        base = preset_config(key, args.laplacian, args.preset, **fixed)
         start = time.perf_counter()
-        dataset = load_dataset(args.dataset, args.data_root, args.cache_dir)
+        dataset = _load(args)
     except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
         print(f"dignn sweep: error: {err}", file=sys.stderr)
         return 2
@@ -415,7 +476,7 @@ def _sweep(args) -> int:
     print(f"{dataset.description}", flush=True)
     print(f"device {env['device']} ({env['device_name']}), torch {env['torch']}, {threads}",
           flush=True)
-    print(f"preset {args.preset}, laplacian {args.laplacian}; {len(settings)} setting(s) x "
+    print(f"preset {preset_name}, laplacian {args.laplacian}; {len(settings)} setting(s) x "
           f"{len(args.splits) if args.splits else len(dataset.splits)} split(s); protocol "
           f"{args.protocol}; choice: {sweep.SELECTION_RULE[args.protocol]}", flush=True)
 
@@ -450,7 +511,7 @@ def _sweep(args) -> int:
               f"{len(best.splits)} split(s) [{accs}]; {total:.1f} s in all")
     if args.json:
         record = result.to_json()
-        record["preset"] = args.preset
+        record["preset"] = preset_name
         record["wall_seconds"] = round(total, 2)
         record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
         record.update(peak_memory(device))

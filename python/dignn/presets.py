@@ -11,11 +11,11 @@ classification datasets, the batch size 128 and sum pooling.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 __all__ = ["TrainConfig", "PAPER_TABLE6_RW", "PAPER_TABLE7_NEURAL", "TUNED_CHANGES",
-           "PRESETS", "preset_config"]
+           "PRESETS", "preset_config", "USER_DATA"]
 
 
 @dataclass
@@ -120,6 +120,22 @@ _GENERATED: Dict[str, Dict] = {
                              epochs=100),
 }
 
+# Graphs users bring (``dignn train --dataset FILE``, :func:`dignn.train_graph_data`): one
+# generic row for both presets, since nothing is known about the graph. The middle of the
+# paper's tables (hidden 64, lr 0.01, dropout 0.5, max iter 10) with the CSBM row's weight
+# decay, spectral normalization and mu = 3 (neural Laplacian). On an unknown graph nothing
+# guarantees mu > lambda_max(Delta) during training (the bound of theorem "Spectral Range of
+# Delta_Phi" grows with the input embedding's norm c_X, which training is free to grow): as
+# user files, Cora (Geom-GCN masks, splits 0-1) ended at lambda_max 3.18 > mu = 3 with the
+# fixed-point solver, and at mu = 4 the fixed-point iteration diverged during training. The
+# solver is therefore cg, which solves the same equation (I + Delta/mu) Z = X exactly for
+# every mu > 0: there, no warning on Cora or CSBM and the same accuracy (Cora 83.3/85.5,
+# CSBM 85.7/84.7 on splits 0/1 against 85.3/83.1 and 86.3/84.3 with the fixed point), best
+# validation epochs 93-193, so 200 epochs suffice.
+USER_DATA = "user-data"
+_USER_DATA: Dict = dict(_row(3.0, 64, 0.01, 5e-4, 10, 1e-6, 0.5), epochs=200,
+                        input_unit="mlp", solver="cg")
+
 # Dataset facts both presets share (appendix "Model architectures").
 _DATASET_DEFAULTS: Dict[str, Dict] = {
     "chameleon": dict(input_unit="adj"),
@@ -185,7 +201,8 @@ PRESETS = ("tuned", "paper")
 def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned",
                   **overrides) -> TrainConfig:
     """The TrainConfig of ``dataset`` for ``laplacian`` under ``preset``, with ``overrides``
-    (values that are None are ignored) applied last."""
+    (values that are None are ignored) applied last. ``dataset=USER_DATA`` (``"user-data"``)
+    is the generic row for graphs users bring, the same under both presets."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     if laplacian not in ("neural", "rw"):
@@ -193,7 +210,9 @@ def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned"
     key = dataset.lower().replace("_", "-")
     key = _SAME_AS.get(key, key)
     values: Dict = {"laplacian": laplacian}
-    if key in _GENERATED:
+    if key == USER_DATA:
+        values.update(_USER_DATA, spectral_norm=laplacian == "neural")
+    elif key in _GENERATED:
         values.update(_GENERATED[key])
         if key == "csbm" and laplacian == "neural":
             values["spectral_norm"] = True

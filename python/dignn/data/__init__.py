@@ -43,19 +43,20 @@ from functools import partial
 from typing import Callable, Dict, Optional, Union
 
 from ..catalog import DATASETS
-from .core import (GraphDataset, NodeDataset, Split, edge_homophily, mask_splits,
-                   random_splits, row_normalize, sparse_features, stratified_folds)
+from .core import (GraphDataset, NodeDataset, Split, edge_homophily, random_splits,
+                   stratified_folds)
 from .generated import csbm, penn94_synthetic
 from .ppi import InductiveDataset, load_ppi
 from .storage import (DatasetUnavailableError, PathLike, default_cache_dir,
                       default_data_root)
 from . import linkx, planetoid, tu, wikipedia
+from .custom import UserDataError, from_pyg, load_user_file  # graphs users bring
 
 __all__ = [
     "NodeDataset", "GraphDataset", "Split", "DATASETS", "DatasetUnavailableError",
     "load_dataset", "default_data_root", "default_cache_dir", "csbm", "penn94_synthetic",
     "random_splits", "stratified_folds", "edge_homophily", "LOADERS", "GENERATORS",
-    "InductiveDataset",
+    "InductiveDataset", "UserDataError", "from_pyg", "load_user_file",
 ]
 
 # The generators take options (load_dataset's keyword arguments) and no files; looked up in

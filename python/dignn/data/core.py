@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -83,19 +83,21 @@ class GraphDataset:
 
 
 def random_splits(y: Tensor, num_splits: int = 10, train: float = 0.5, val: float = 0.25,
-                  first_seed: int = 0) -> List[Split]:
+                  first_seed: int = 0, test: Optional[float] = None) -> List[Split]:
     """LINKX's random splits of the labeled nodes (y >= 0): split ``k`` permutes them with
     ``torch.Generator().manual_seed(first_seed + k)`` and takes the first ``train`` share for
-    training, the next ``val`` share for validation, the rest for testing."""
+    training, the next ``val`` share for validation and the rest for testing, or, when
+    ``test`` is given, only the next ``test`` share (the other labeled nodes go unused)."""
     labeled = torch.nonzero(y >= 0).flatten()
     n = labeled.numel()
     n_train, n_val = int(n * train), int(n * val)
+    end = n if test is None else n_train + n_val + int(n * test)
     splits = []
     for k in range(num_splits):
         gen = torch.Generator().manual_seed(first_seed + k)
         perm = labeled[torch.randperm(n, generator=gen)]
         splits.append(Split(perm[:n_train], perm[n_train:n_train + n_val],
-                            perm[n_train + n_val:]))
+                            perm[n_train + n_val:end]))
     return splits
 
 
