@@ -141,11 +141,13 @@ def test_cli_train_json(tmp_path, capsys, monkeypatch):
     import dignn.data
     monkeypatch.setattr(dignn.data, "csbm", lambda **kw: csbm(**SMALL_CSBM))
     out = tmp_path / "r.json"
-    code = cli.main(["train", "--splits", "0,2", "--epochs", "5", "--json", str(out),
-                     "--no-progress", "--hidden", "8"])
-    assert code == 0
+    argv = ["train", "--splits", "0,2", "--epochs", "5", "--json", str(out), "--no-progress",
+            "--hidden", "8"]
+    assert cli.main(argv) == 0
     record = json.loads(out.read_text())
     _schema_ok(record)
+    assert record["command"] == "dignn " + " ".join(argv)  # what was run, not sys.argv
+    assert 0 < record["peak_rss_gb"] < 64 and record["wall_seconds"] > 0
     assert record["dataset"] == "csbm" and record["laplacian"] == "neural"
     assert len(record["test_acc"]) == 2 and record["splits"] == [0, 2]
     assert record["config"]["hidden"] == 8 and record["config"]["epochs"] == 5

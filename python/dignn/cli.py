@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 import warnings
@@ -293,6 +294,16 @@ def peak_memory(device) -> dict:
     return out
 
 
+def _write_record(args, record: dict, preset: str, seconds: float, device) -> None:
+    """Writes a run's JSON to ``--json`` with what reproduces and sizes it: the preset, the
+    exact command, the wall time and the peak memory."""
+    record.update(preset=preset, wall_seconds=round(seconds, 2),
+                  command="dignn " + shlex.join(args.argv), **peak_memory(device))
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def _set_threads(args, work: int) -> str:
     """Sets torch's CPU threads and says how many and why."""
     import torch
@@ -412,13 +423,7 @@ def _train(args) -> int:
             for name in ("val_acc", "best_epoch"):
                 record.pop(name)
             record.update(cv.to_json())
-        record["preset"] = preset_name
-        record["wall_seconds"] = round(total, 2)
-        record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
-        record.update(peak_memory(device))
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        _write_record(args, record, preset_name, total, device)
     return 0
 
 
@@ -511,13 +516,7 @@ def _sweep(args) -> int:
               f"{len(best.splits)} split(s) [{accs}]; {total:.1f} s in all")
     if args.json:
         record = result.to_json()
-        record["preset"] = preset_name
-        record["wall_seconds"] = round(total, 2)
-        record["command"] = "dignn " + " ".join(sys.argv[1:]) if sys.argv[1:] else None
-        record.update(peak_memory(device))
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        _write_record(args, record, preset_name, total, device)
     return 0
 
 
@@ -561,6 +560,7 @@ def _plot(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, for --json
     with warnings.catch_warnings():
         _show_warnings()
         if args.command == "train":
