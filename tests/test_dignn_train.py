@@ -148,6 +148,8 @@ def test_cli_train_json(tmp_path, capsys, monkeypatch):
     _schema_ok(record)
     assert record["command"] == "dignn " + " ".join(argv)  # what was run, not sys.argv
     assert 0 < record["peak_rss_gb"] < 64 and record["wall_seconds"] > 0
+    import torch_geometric
+    assert record["torch_geometric"] == torch_geometric.__version__
     assert record["dataset"] == "csbm" and record["laplacian"] == "neural"
     assert len(record["test_acc"]) == 2 and record["splits"] == [0, 2]
     assert record["config"]["hidden"] == 8 and record["config"]["epochs"] == 5

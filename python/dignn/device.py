@@ -72,7 +72,16 @@ def describe_device(device: torch.device) -> Dict[str, Optional[str]]:
     else:
         name = f"{_cpu_name()} ({torch.get_num_threads()} thread(s))"
     return {"device": str(device), "device_name": name, "torch": torch.__version__,
-            "cuda": torch.version.cuda}
+            "cuda": torch.version.cuda, "torch_geometric": _version("torch-geometric"),
+            "dignn_kernels": _version("dignn-kernels")}
+
+
+def _version(distribution: str) -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def choose_threads(work: int, requested: Optional[int] = None) -> Tuple[int, str]:
