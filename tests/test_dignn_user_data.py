@@ -10,6 +10,7 @@ import torch
 from torch_geometric.data import Data, HeteroData, InMemoryDataset
 
 import dignn
+import dignn.training
 from dignn import cli
 from dignn.data import GraphDataset, NodeDataset, csbm
 from dignn.data.custom import UserDataError, from_pyg, load_user_file
@@ -389,7 +390,7 @@ def test_bad_graph_collections():
 
 
 def test_exported():
-    assert dignn.train_graph_data is dignn.data.custom.train_graph_data
+    assert dignn.train_graph_data is dignn.training.train_graph_data
     assert issubclass(dignn.UserDataError, ValueError)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a clean graph loads without warnings

@@ -27,7 +27,7 @@ _EXPORTS = {
     "resolve_device": "device",
     "run_sweep": "sweep", "SweepResult": "sweep", "parse_grid": "sweep",
     "gin_folds": "protocols", "gin_score": "protocols",
-    "train_graph_data": "data.custom", "from_pyg": "data.custom",
+    "train_graph_data": "training", "from_pyg": "data.custom",
     "load_user_file": "data.custom", "UserDataError": "data.custom",
 }
 __all__ = sorted(_EXPORTS)

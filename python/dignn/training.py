@@ -24,6 +24,7 @@ same as with a check after every epoch; at most ``sync_every - 1`` epochs are tr
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data import GraphDataset, InductiveDataset, NodeDataset
+from .data import GraphDataset, InductiveDataset, NodeDataset, from_pyg, load_user_file
 from .device import describe_device, resolve_device
 from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
 from .presets import TrainConfig
@@ -41,7 +42,7 @@ from .spectral import check_mu
 
 __all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
            "train_graph_split", "train_multilabel_split", "TASK_METRICS", "multilabel_counts",
-           "micro_f1"]
+           "micro_f1", "train_graph_data"]
 
 # The per-epoch metric vector: the task's score (see TASK_METRICS) and mean loss on the
 # train, validation and test sets.
@@ -588,3 +589,27 @@ def train(dataset: Dataset, config: TrainConfig,
         if on_split is not None:
             on_split(result)
     return run
+
+
+def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[int]] = None,
+                     split_ratio: Optional[Sequence[float]] = None, num_splits: int = 10,
+                     split_seed: int = 0, name: Optional[str] = None,
+                     device="auto", progress: bool = False, **overrides):
+    """Trains DIGNN on a user's graph(s) with the generic preset
+    (:data:`dignn.presets.USER_DATA`) and returns the :class:`RunResult`.
+
+    ``data``: a ``Data`` (node classification), a ``Dataset``/``InMemoryDataset`` or list of
+    ``Data`` (graph classification), a :class:`~dignn.data.NodeDataset`/:class:`~dignn.data.GraphDataset`, or the path
+    of a file for :func:`dignn.data.load_user_file`. ``split_ratio``, ``num_splits``, ``split_seed``
+    (the ``seed`` of :func:`dignn.data.from_pyg`) and ``name`` make the splits and name the run;
+    ``splits`` picks split indices to train (default: all). ``overrides`` are
+    :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``)."""
+    from .presets import USER_DATA, preset_config
+    if isinstance(data, (str, os.PathLike)):
+        dataset = load_user_file(data, name, split_ratio, num_splits, split_seed)
+    elif isinstance(data, (NodeDataset, GraphDataset)):
+        dataset = data
+    else:
+        dataset = from_pyg(data, name, split_ratio, num_splits, split_seed)
+    config = preset_config(USER_DATA, laplacian, **overrides)
+    return train(dataset, config, splits, progress=progress, device=device)

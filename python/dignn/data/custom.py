@@ -41,7 +41,7 @@ from torch import Tensor
 
 from .core import GraphDataset, NodeDataset, Split, random_splits, stratified_folds
 
-__all__ = ["UserDataError", "from_pyg", "load_user_file", "train_graph_data"]
+__all__ = ["UserDataError", "from_pyg", "load_user_file"]
 
 _MASKS = ("train_mask", "val_mask", "test_mask")
 _SET_NAMES = ("training", "validation", "test")
@@ -339,8 +339,8 @@ def _graph_dataset(graphs: Sequence, name: str, split_ratio, num_splits: int,
         splits = [Split(*(labeled[idx] for idx in (s.train, s.val, s.test)))
                   for s in stratified_folds(y[labeled], folds, seed)]
         _check_splits(splits, f"{folds}-fold cross-validation of {labeled.numel()} labeled "
-                      f"graphs", "graphs", f": lower num_splits (--num-splits) or pass "
-                      f"split_ratio")
+                      "graphs", "graphs", ": lower num_splits (--num-splits) or pass "
+                      "split_ratio")
         how = f"stratified {folds}-fold cross-validation, seed {seed}"
     dataset = InMemoryDataset()
     dataset._data, dataset.slices = InMemoryDataset.collate(clean)
@@ -470,28 +470,3 @@ def load_user_file(path: Union[str, os.PathLike], name: Optional[str] = None,
                         seed=seed)
     except UserDataError as err:
         raise UserDataError(f"{path}: {err}") from None
-
-
-def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[int]] = None,
-                     split_ratio: Optional[Sequence[float]] = None, num_splits: int = 10,
-                     split_seed: int = 0, name: Optional[str] = None,
-                     device="auto", progress: bool = False, **overrides):
-    """Trains DIGNN on a user's graph(s) with the generic preset
-    (:data:`dignn.presets.USER_DATA`) and returns the :class:`~dignn.training.RunResult`.
-
-    ``data``: a ``Data`` (node classification), a ``Dataset``/``InMemoryDataset`` or list of
-    ``Data`` (graph classification), a :class:`NodeDataset`/:class:`GraphDataset`, or the path
-    of a file for :func:`load_user_file`. ``split_ratio``, ``num_splits``, ``split_seed``
-    (the ``seed`` of :func:`from_pyg`) and ``name`` make the splits and name the run;
-    ``splits`` picks split indices to train (default: all). ``overrides`` are
-    :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``)."""
-    from ..presets import USER_DATA, preset_config
-    from ..training import train
-    if isinstance(data, (str, os.PathLike)):
-        dataset = load_user_file(data, name, split_ratio, num_splits, split_seed)
-    elif isinstance(data, (NodeDataset, GraphDataset)):
-        dataset = data
-    else:
-        dataset = from_pyg(data, name, split_ratio, num_splits, split_seed)
-    config = preset_config(USER_DATA, laplacian, **overrides)
-    return train(dataset, config, splits, progress=progress, device=device)
