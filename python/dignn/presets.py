@@ -193,8 +193,8 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
         },
         "nci1": {
             "values": dict(solver="cg", epochs=200),
-            "why": "table 7's mu = 1.25 is far below lambda_max of the trained Laplacian "
-                   "(4-5 after 200 epochs on folds 0-4), where the fixed-point iteration need not "
+            "why": "table 7's mu = 1.25 is far below lambda_max of the trained Laplacian (4-5 "
+                   "after 200 epochs on folds 0-4), where the fixed-point iteration need not "
                    "converge: cg solves the same equation exactly; 200 epochs (about 5,800 "
                    "Adam steps at lr 0.001) because 1000 take hours on a CPU",
         },

@@ -598,10 +598,11 @@ def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[
     """Trains DIGNN on a user's graph(s) with the generic preset
     (:data:`dignn.presets.USER_DATA`) and returns the :class:`RunResult`.
 
-    ``data``: a ``Data`` (node classification), a ``Dataset``/``InMemoryDataset`` or list of
-    ``Data`` (graph classification), a :class:`~dignn.data.NodeDataset`/:class:`~dignn.data.GraphDataset`, or the path
-    of a file for :func:`dignn.data.load_user_file`. ``split_ratio``, ``num_splits``, ``split_seed``
-    (the ``seed`` of :func:`dignn.data.from_pyg`) and ``name`` make the splits and name the run;
+    ``data``: a ``Data`` (node classification), a ``Dataset``/``InMemoryDataset`` or list
+    of ``Data`` (graph classification), a :class:`~dignn.data.NodeDataset` or
+    :class:`~dignn.data.GraphDataset`, or the path of a file for
+    :func:`dignn.data.load_user_file`. ``split_ratio``, ``num_splits``, ``split_seed`` (the
+    ``seed`` of :func:`dignn.data.from_pyg`) and ``name`` make the splits and name the run;
     ``splits`` picks split indices to train (default: all). ``overrides`` are
     :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``)."""
     from .presets import USER_DATA, preset_config
