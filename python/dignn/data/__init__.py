@@ -43,10 +43,10 @@ from functools import partial
 from typing import Callable, Dict, Optional, Union
 
 from ..catalog import DATASETS
-from .core import (GraphDataset, NodeDataset, Split, edge_homophily, random_splits,
-                   stratified_folds)
+from .core import (GraphDataset, InductiveDataset, NodeDataset, Split, edge_homophily,
+                   random_splits, stratified_folds)
 from .generated import csbm, penn94_synthetic
-from .ppi import InductiveDataset, load_ppi
+from .ppi import load_ppi
 from .storage import (DatasetUnavailableError, PathLike, default_cache_dir,
                       default_data_root)
 from . import linkx, planetoid, tu, wikipedia

@@ -1,5 +1,5 @@
 """The containers every loader returns (:class:`NodeDataset`, :class:`GraphDataset`,
-:class:`Split`) and the split and feature helpers they share."""
+:class:`InductiveDataset`, :class:`Split`) and the split and feature helpers they share."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +9,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Split", "NodeDataset", "GraphDataset", "random_splits", "stratified_folds",
-           "mask_splits", "edge_homophily", "row_normalize", "sparse_features"]
+__all__ = ["Split", "NodeDataset", "GraphDataset", "InductiveDataset", "random_splits",
+           "stratified_folds", "mask_splits", "edge_homophily", "row_normalize", "sparse_features"]
 
 
 @dataclass
@@ -155,3 +155,38 @@ def sparse_features(x: Tensor, density: float = 0.05) -> Tensor:
     return x
 
 
+@dataclass
+class InductiveDataset:
+    """Node classification across graphs: training graphs, then validation and test graphs
+    the model does not see while it trains. ``graphs`` holds PyG ``Data`` objects (``x``
+    [n, num_features], ``edge_index``, ``y`` [n, num_labels] of 0/1), the training graphs
+    first; the single split holds the positions of each set's graphs in ``graphs``."""
+
+    name: str
+    graphs: List  # PyG Data objects
+    num_features: int
+    num_labels: int
+    splits: List[Split]
+    description: str = ""
+
+    task = "multilabel"
+
+    @property
+    def num_classes(self) -> int:
+        """The classifier's output width: one logit per label."""
+        return self.num_labels
+
+    def _graphs_of(self, index) -> List:
+        return [self.graphs[i] for i in index.tolist()]
+
+    @property
+    def train(self) -> List:
+        return self._graphs_of(self.splits[0].train)
+
+    @property
+    def val(self) -> List:
+        return self._graphs_of(self.splits[0].val)
+
+    @property
+    def test(self) -> List:
+        return self._graphs_of(self.splits[0].test)

@@ -8,11 +8,10 @@ the model never sees the validation and test graphs while it trains.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
-from .core import Split
+from .core import InductiveDataset, Split
 from .storage import DatasetUnavailableError, RawFiles, load_staged
 
 __all__ = ["InductiveDataset", "PPI_URL", "PPI_RAW_FILES", "load_ppi"]
@@ -23,43 +22,6 @@ PPI_URL = "https://data.dgl.ai/dataset/ppi.zip"
 # each node, the networkx node-link JSON of the split's graphs and the node labels.
 PPI_RAW_FILES = tuple(f"{split}_{part}" for split in ("train", "valid", "test")
                       for part in ("feats.npy", "graph_id.npy", "graph.json", "labels.npy"))
-
-
-@dataclass
-class InductiveDataset:
-    """Node classification across graphs: training graphs, then validation and test graphs
-    the model does not see while it trains. ``graphs`` holds PyG ``Data`` objects (``x``
-    [n, num_features], ``edge_index``, ``y`` [n, num_labels] of 0/1), the training graphs
-    first; the single split holds the positions of each set's graphs in ``graphs``."""
-
-    name: str
-    graphs: List  # PyG Data objects
-    num_features: int
-    num_labels: int
-    splits: List[Split]
-    description: str = ""
-
-    task = "multilabel"
-
-    @property
-    def num_classes(self) -> int:
-        """The classifier's output width: one logit per label."""
-        return self.num_labels
-
-    def _graphs_of(self, index) -> List:
-        return [self.graphs[i] for i in index.tolist()]
-
-    @property
-    def train(self) -> List:
-        return self._graphs_of(self.splits[0].train)
-
-    @property
-    def val(self) -> List:
-        return self._graphs_of(self.splits[0].val)
-
-    @property
-    def test(self) -> List:
-        return self._graphs_of(self.splits[0].test)
 
 
 def raw_files() -> List[RawFiles]:
