@@ -68,14 +68,14 @@ def _assignment(rule, n, world):
     raise ValueError(rule)
 
 
-def _global_rel(a, b) -> float:
+def _global_rel(a, b, group) -> float:
     a, b = a.detach().double(), b.detach().double()
     sums = torch.stack([(a - b).square().sum(), b.square().sum()])
-    dist.all_reduce(sums)
+    dist.all_reduce(sums, group=group)
     return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
 
 
-def run_case(case: dict, rank: int, world: int) -> dict:
+def run_case(case: dict, rank: int, world: int, group=None) -> dict:
     dtype = case.get("dtype", torch.float64)
     x, ei, w, rule = case_graph(case["graph"], dtype, case.get("n", 40), case.get("d", 5))
     n = x.size(0)
@@ -96,14 +96,14 @@ def run_case(case: dict, rank: int, world: int) -> dict:
         part = GraphPartition.from_assignment(ei, n, _assignment(rule, n, world), world, w)
     else:
         part = partition(ei, n, world, method=case.get("method", "contiguous"), edge_weight=w)
-    graph = DistributedGraph(part)
+    graph = DistributedGraph(part, group=group)
     xo = x[graph.owned].clone().requires_grad_()
     z = layer(xo, graph)
     (z * seed_grad[graph.owned]).sum().backward()
-    all_reduce_gradients(layer)
+    all_reduce_gradients(layer, group)
     out = {
-        "z": _global_rel(z, z_ref.detach()[graph.owned]),
-        "grad_x": _global_rel(xo.grad, xr.grad[graph.owned]),
+        "z": _global_rel(z, z_ref.detach()[graph.owned], group),
+        "grad_x": _global_rel(xo.grad, xr.grad[graph.owned], group),
         "theta": {k: float((p.grad - theta_ref[k]).norm() / theta_ref[k].norm().clamp_min(1e-300))
                   for k, p in layer.named_parameters()},
         "iterations": (layer.iterations, layer.backward_iterations), "ref_iterations": ref_iters,
@@ -114,14 +114,20 @@ def run_case(case: dict, rank: int, world: int) -> dict:
 
 
 def compare_worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None:
-    init(rank, world, port, 60.0)
+    """Runs each case on the first ``case["world"]`` ranks (a sub-group; the others wait), so
+    that one spawn covers every world size up to ``world``."""
+    init(rank, world, port, 120.0)
+    groups = {size: dist.new_group(list(range(size))) for size in range(1, world + 1)}
     results = {}
     try:
         for case in cases:
-            results[case["name"]] = run_case(case, rank, world)
+            size = case["world"]
+            if rank < size:
+                results[f"{size}/{case['name']}"] = run_case(case, rank, size, groups[size])
     except Exception:  # reported by the test, with the rank
         results["error"] = traceback.format_exc()
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -70,6 +70,12 @@ def _metis_module():
     return pymetis
 
 
+def _metis_index_dtype(pymetis) -> torch.dtype:
+    """METIS's idx_t, so that pymetis reads the arrays without a copy."""
+    import numpy as np
+    return torch.int64 if pymetis.zero_copy_dtype() == np.dtype(np.int64) else torch.int32
+
+
 def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
     """METIS (k-way, through pymetis) on the symmetrized graph without self-loops, vertex
     weights 1 + the row's CSR entries so that the ranks' sweeps take about equal time; edge
@@ -94,14 +100,16 @@ def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
     dst = torch.cat([hi, lo])
     del lo, hi
     order = torch.argsort(src * n + dst)
-    adjncy = dst[order].to(torch.int32)
+    index = _metis_index_dtype(pymetis)
+    adjncy = dst[order].to(index)
     xadj = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(src, minlength=n), 0, out=xadj[1:])
     del src, dst, order
-    vweights = _row_cost(graph).to(torch.int32)
+    vweights = _row_cost(graph).to(index)
     options = pymetis.Options(seed=seed)
-    _, membership = pymetis.part_graph(parts, xadj=xadj.numpy(), adjncy=adjncy.numpy(),
-                                       vweights=vweights.numpy(), options=options)
+    adjacency = pymetis.CSRAdjacency(xadj.to(index).numpy(), adjncy.numpy())
+    _, membership = pymetis.part_graph(parts, adjacency, vweights=vweights.numpy(),
+                                       options=options)
     return torch.as_tensor(membership, dtype=torch.int64)
 
 
