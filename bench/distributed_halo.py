@@ -62,7 +62,8 @@ def cornell5():
     import scipy.io
     adj = scipy.io.loadmat(str(DATA_ROOT / "cornell5" / "raw" / "data.mat"))["A"].tocoo()
     n = adj.shape[0]
-    row, col = torch.from_numpy(adj.row.astype(np.int64)), torch.from_numpy(adj.col.astype(np.int64))
+    row = torch.from_numpy(adj.row.astype(np.int64))
+    col = torch.from_numpy(adj.col.astype(np.int64))
     keep = row < col
     return symmetric_csr(row[keep], col[keep], n), "cornell5 (LINKX data.mat, real)"
 

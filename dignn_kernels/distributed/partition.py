@@ -295,9 +295,9 @@ def _as_graph(edge_index, num_nodes, edge_weight) -> CSRGraph:
 def _check_assignment(assignment, num_nodes: int, parts: int) -> Tensor:
     if not isinstance(assignment, Tensor) or assignment.dim() != 1 or \
             assignment.numel() != num_nodes or assignment.is_floating_point():
+        got = list(assignment.shape) if isinstance(assignment, Tensor) else repr(assignment)
         raise ValueError(f"assignment must be an integer tensor of shape [{num_nodes}] (the "
-                         f"rank of every node), got "
-                         f"{list(assignment.shape) if isinstance(assignment, Tensor) else assignment!r}")
+                         f"rank of every node), got {got}")
     assignment = assignment.long().cpu()
     if num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= parts):
         raise ValueError(f"assignment holds ranks {int(assignment.min())}.."
