@@ -2,8 +2,11 @@
 contiguous partitions of cornell5 and of a generated graph of ogbn-products' size, at 2, 4
 and 8 parts.
 
-    python bench/distributed_halo.py [--graphs cornell5,products] [--parts 2,4,8]
-        [--methods contiguous,metis] [--out bench/results/distributed_halo.json]
+    python bench/distributed_halo.py [--graphs cornell5,products,products:0.99] [--parts 2,4,8]
+        [--methods contiguous,metis] [--out bench/results/distributed_halo.json] [--merge]
+
+(``products:P`` is the products-sized graph with p_in = P; ``--merge`` adds the graphs to an
+existing results file instead of replacing it.)
 
 What one sweep moves: every halo row once, h values of the dtype (h = 64, float32 here), in
 the forward sweep and again (the other way) in each adjoint sweep; ``bytes_per_sweep`` is the
@@ -17,6 +20,14 @@ community with probability ``--p-in`` (0.9), else to a uniform node, degrees ske
 power-law source weight; node ids shuffled, so that contiguous blocks do not see the
 communities (a worst case for them: real ogbn-products ids are partly ordered). Duplicate
 pairs and self-loops are dropped from 5% more draws, then 61,859,140 edges kept.
+
+Reading the numbers: ``halo_total`` counts distinct (rank, remote node) pairs, ``cut_fraction``
+the CSR entries that read a remote node. With p_in = 0.9 each node has about 5 edges to
+uniformly random nodes, so METIS cuts few entries (the communities stay whole) but almost
+every node is still read by some other rank: the halo, and so the bytes per sweep, is set by
+the long-range edges. ``products:0.99`` (one long-range edge in 100) shows how fast that
+changes. Partition times are wall times on a shared 2-core machine (other jobs running), one
+torch thread.
 """
 import argparse
 import json
@@ -122,20 +133,22 @@ def main(argv=None):
     ap.add_argument("--p-in", type=float, default=0.9)
     ap.add_argument("--community", type=int, default=1200)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "distributed_halo.json"))
+    ap.add_argument("--merge", action="store_true")
     args = ap.parse_args(argv)
     parts = [int(p) for p in args.parts.split(",")]
     methods = args.methods.split(",")
     record = {"command": "python bench/distributed_halo.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine(), "h": args.h, "dtype": "float32", "graphs": {}}
     try:
-        import pymetis
-        record["machine"]["pymetis"] = pymetis.version.VERSION_TEXT
-    except (ImportError, AttributeError):
+        from importlib.metadata import version
+        record["machine"]["pymetis"] = version("pymetis")
+    except ImportError:
         pass
     for name in args.graphs.split(","):
         began = time.perf_counter()
-        graph, source = cornell5() if name == "cornell5" else \
-            products_like(args.p_in, args.community)
+        kind, _, p_in = name.partition(":")
+        graph, source = cornell5() if kind == "cornell5" else \
+            products_like(float(p_in) if p_in else args.p_in, args.community)
         entry = {"source": source, "num_nodes": graph.num_nodes,
                  "num_entries": graph.num_edges,
                  "build_seconds": round(time.perf_counter() - began, 2), "runs": []}
@@ -161,8 +174,13 @@ def main(argv=None):
                       f"max rank {run['max_rank_bytes'] / 2**20:8.1f} MiB, "
                       f"{seconds:.1f} s", flush=True)
                 del part
+        entry["command"] = record["command"]
         record["graphs"][name] = entry
         del graph
+    if args.merge and Path(args.out).exists():
+        merged = json.loads(Path(args.out).read_text())
+        merged["graphs"].update(record["graphs"])
+        record = merged
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")
