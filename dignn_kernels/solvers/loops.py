@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from ..laplacian import node_mass
+from .cg_update import CGState, cg_update_for
 from .system import EquilibriumSystem
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
@@ -217,52 +218,42 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                        residual_scale: Optional[Tensor] = None, ref_norm: Optional[Tensor] = None,
                        decoupled: Optional[Tensor] = None,
                        callback: Optional[Callable[[int], None]] = None,
-                       reduce: Reduce = None) -> SolveResult:
+                       reduce: Reduce = None, vector_kernels: Optional[str] = None
+                       ) -> SolveResult:
     """Jacobi-preconditioned conjugate gradient for A V = rhs, A SPD, every column its own
     system (per-column step lengths); one ``apply`` (one CSR sweep) per iteration. Stops once
     ||residual_scale * (rhs - A V)||_F <= tol * ref_norm (default ||rhs||_F); the residual is
     the recursively updated one.
+
+    The iteration is the single-reduction form of Chronopoulos and Gear (1989), equal to
+    classic CG in exact arithmetic: with u = M^-1 r (M = diag(1/inv_diagonal)) and w = A u,
+    gamma = r.u, delta = w.u,
+
+        beta = gamma / gamma_prev,  alpha = gamma / (delta - beta gamma / alpha_prev),
+        p = u + beta p,  s = w + beta s,  V += alpha p,  r -= alpha s,  u = M^-1 r,
+
+    so that everything after the sweep is one pass over the vectors (:mod:`.cg_update`:
+    fused into one kernel on a GPU, ``vector_kernels``) and the dot products of an iteration
+    come in two reductions (an all-reduce each on a partitioned graph).
 
     Rows marked ``decoupled`` (A_ij = A_ji = 0 for j != i) start at their exact value
     rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
     (guard rows keep z_i = x_i bit for bit); the others start at 0."""
     check_every = check_every_arg(check_every)
     ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm, reduce)
+    update = cg_update_for(rhs, vector_kernels)
+    state = CGState.start(rhs, inv_diagonal, residual_scale, decoupled)
+    residual = state.finish_reduction(_global(state.reduction(), reduce))
     diverged = done.clone()
-    inv_diag = inv_diagonal.unsqueeze(1)
-    # Both reductions of an iteration in one pass over r^2: with M = diag(1/inv_diagonal),
-    # column c of [inv_diagonal, scale^2]^T r^2 holds r_c . M^-1 r_c and ||scale * r_c||^2.
-    weights = torch.stack([inv_diagonal, residual_scale.square() if residual_scale is not None
-                           else torch.ones_like(inv_diagonal)]).to(rhs.dtype)
-
-    def residual_terms(r):
-        both = _global(torch.mm(weights, torch.mul(r, r, out=scratch)), reduce)
-        return both[0], both[1].double().sum().clamp_min(0.0).sqrt()
-
-    if decoupled is None:
-        z = torch.zeros_like(rhs)
-        r = rhs.clone()
-    else:
-        known = decoupled.unsqueeze(1)
-        z = torch.where(known, rhs * inv_diag, 0.0)
-        r = torch.where(known, 0.0, rhs)
-    p = r * inv_diag
-    scratch = torch.empty_like(rhs)  # the loop's one n x d temporary, reused
-    rz, residual = residual_terms(r)
     history[0] = residual / ref_safe
     done = done | (residual <= tol * ref)
     if not (check_every and bool(done)):
         for k in range(1, max_iter + 1):
-            ap = apply(p)
-            pap = _global(torch.mul(p, ap, out=scratch).sum(dim=0), reduce)
+            w = apply(state.u)
+            delta = _global(update.dot(w, state.u), reduce)
             live = ~done
-            alpha = torch.where(live & (pap > 0), rz / pap, 0.0)
-            z.addcmul_(p, alpha)
-            r.addcmul_(ap, alpha, value=-1.0)
-            rz_new, res = residual_terms(r)
-            beta = torch.where(live & (rz > 0), rz_new / rz, 0.0)
-            p.mul_(beta).addcmul_(r, inv_diag)  # p = M^-1 r + beta p
-            rz = rz_new
+            update.step(state, w, delta, live)
+            res = state.finish_reduction(_global(state.reduction(), reduce))
             history[k] = res / ref_safe
             sweeps += live
             bad = ~torch.isfinite(res)
@@ -273,7 +264,7 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                 callback(k)
             if check_every and k % check_every == 0 and bool(done):
                 break
-    return _finish(z, rhs, history, sweeps, residual, ref_safe, diverged, sweeps + 1)
+    return _finish(state.z, rhs, history, sweeps, residual, ref_safe, diverged, sweeps + 1)
 
 
 def _anderson_regularization(dtype: torch.dtype) -> float:

@@ -1,0 +1,112 @@
+"""Triton kernels of the conjugate-gradient update (:mod:`.cg_update`, whose docstring has
+the formulas; :class:`~.cg_update.TorchCGUpdate` is the same in PyTorch, their test oracle).
+
+Both kernels tile the n x d vectors in blocks of ``ROWS`` rows by ``BLOCK_D`` channels and
+write one row of partial sums per row block, which a ``torch.sum`` over the blocks then adds
+in a fixed order: deterministic, no atomics.
+"""
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["column_dots", "cg_step", "ROWS"]
+
+ROWS = 64
+
+
+def _block_d(d: int) -> int:
+    return min(triton.next_power_of_2(max(d, 1)), 64)
+
+
+@triton.jit
+def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_r = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    rows = pid_r * ROWS + tl.arange(0, ROWS)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = (rows < n)[:, None] & cmask[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(a + offsets, mask=mask, other=0.0)
+    y = tl.load(b + offsets, mask=mask, other=0.0)
+    tl.store(partials + pid_r.to(tl.int64) * D + cols, tl.sum(x * y, axis=0), mask=cmask)
+
+
+@triton.jit
+def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, alpha_prev,
+                    delta, live, alpha_out, partials, n, D, ROWS: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    pid_r = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    # the step lengths of this block's channels (every program makes the same ones)
+    g = tl.load(gamma + cols, mask=cmask, other=0.0)
+    g_prev = tl.load(gamma_prev + cols, mask=cmask, other=0.0)
+    a_prev = tl.load(alpha_prev + cols, mask=cmask, other=0.0)
+    dl = tl.load(delta + cols, mask=cmask, other=0.0)
+    running = tl.load(live) != 0
+    keep = (g_prev > 0) & (a_prev > 0)
+    beta = tl.where(running & keep, g / tl.where(keep, g_prev, 1.0), 0.0)
+    denominator = dl - tl.where(keep, beta * g / tl.where(keep, a_prev, 1.0), 0.0)
+    positive = denominator > 0
+    alpha = tl.where(running & positive, g / tl.where(positive, denominator, 1.0), 0.0)
+    tl.store(alpha_out + cols, alpha, mask=cmask & (pid_r == 0))
+
+    rows = pid_r * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n
+    mask = rmask[:, None] & cmask[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    p_new = tl.load(u + offsets, mask=mask, other=0.0) + \
+        beta[None, :] * tl.load(p + offsets, mask=mask, other=0.0)
+    s_new = tl.load(w + offsets, mask=mask, other=0.0) + \
+        beta[None, :] * tl.load(s + offsets, mask=mask, other=0.0)
+    z_new = tl.load(z + offsets, mask=mask, other=0.0) + alpha[None, :] * p_new
+    r_new = tl.load(r + offsets, mask=mask, other=0.0) - alpha[None, :] * s_new
+    inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
+    tl.store(p + offsets, p_new, mask=mask)
+    tl.store(s + offsets, s_new, mask=mask)
+    tl.store(z + offsets, z_new, mask=mask)
+    tl.store(r + offsets, r_new, mask=mask)
+    tl.store(u + offsets, r_new * inv[:, None], mask=mask)
+    # the next r.u and ||scale r||^2: sum_i weights[k, i] r_i^2
+    r_sq = r_new * r_new
+    w_u = tl.load(weights + rows, mask=rmask, other=0.0)
+    w_res = tl.load(weights + n + rows, mask=rmask, other=0.0)
+    base = pid_r.to(tl.int64) * 2 * D
+    tl.store(partials + base + cols, tl.sum(r_sq * w_u[:, None], axis=0), mask=cmask)
+    tl.store(partials + base + D + cols, tl.sum(r_sq * w_res[:, None], axis=0), mask=cmask)
+
+
+def _grid(n: int, d: int):
+    return (triton.cdiv(n, ROWS), triton.cdiv(d, _block_d(d)))
+
+
+def column_dots(a: Tensor, b: Tensor) -> Tensor:
+    """[d]: sum_i a_i * b_i per column of two n x d tensors."""
+    n, d = a.shape
+    if n == 0 or d == 0:
+        return a.new_zeros(d)
+    grid = _grid(n, d)
+    partials = a.new_empty(grid[0], d)
+    _column_dots_kernel[grid](a, b, partials, n, d, ROWS=ROWS, BLOCK_D=_block_d(d))
+    return partials.sum(dim=0)
+
+
+def cg_step(state, w: Tensor, delta: Tensor, live: Tensor):
+    """One update of ``state`` (:class:`~.cg_update.CGState`) in place, after the sweep
+    w = A u with delta = w.u (global); returns (alpha [d], the local sums [2, d] of the new
+    r.u and ||scale r||^2)."""
+    n, d = state.r.shape
+    alpha = delta.new_empty(d)
+    if n == 0 or d == 0:
+        alpha.zero_()
+        return alpha, state.r.new_zeros(2, d)
+    grid = _grid(n, d)
+    partials = state.r.new_empty(grid[0], 2, d)
+    _cg_step_kernel[grid](state.z, state.r, state.u, state.p, state.s, w.contiguous(),
+                          state.inv_diagonal, state.weights, state.gamma, state.gamma_prev,
+                          state.alpha_prev, delta.contiguous(), live.reshape(1), alpha,
+                          partials, n, d, ROWS=ROWS, BLOCK_D=_block_d(d))
+    return alpha, partials.sum(dim=0)

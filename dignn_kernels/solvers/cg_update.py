@@ -1,0 +1,150 @@
+"""The vector work of one conjugate-gradient iteration (:func:`.loops.conjugate_gradient`),
+after its sweep w = A u: written once in PyTorch and once as fused Triton kernels.
+
+The iteration is CG in the single-reduction form of Chronopoulos and Gear (1989). Per
+channel, with gamma = r.u (u = M^-1 r, M the Jacobi preconditioner) and delta = w.u:
+
+    restart = gamma_prev <= 0 or alpha_prev <= 0          (first iteration, or a breakdown)
+    beta    = 0 if restart else gamma / gamma_prev
+    alpha   = gamma / (delta - beta gamma / alpha_prev)    (0 where that is not > 0)
+    p = u + beta p,  s = w + beta s,  z += alpha p,  r -= alpha s,  u = M^-1 r
+
+(p.A p = delta - beta^2 p_prev.A p_prev and p_prev.A p_prev = gamma_prev / alpha_prev give the
+denominator). A finished solve (``live`` false) takes alpha = beta = 0: z and r stay.
+
+- :class:`TorchCGUpdate`: PyTorch ops, any device (each op one kernel on a GPU);
+- :class:`TritonCGUpdate`: on a GPU the dot product w.u is one kernel (+ a sum of its block
+  partials), and the whole update (coefficients, five vectors, the partial sums of the next
+  r.u and ||scale r||^2) another (+ a sum): four launches where the PyTorch ops take about
+  twenty. Its kernels are in :mod:`._triton_cg`; on the CPU they run only in the Triton
+  interpreter (the tests).
+
+Both leave the same state: :class:`CGState` holds the vectors and the per-channel scalars.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS"]
+
+VECTOR_KERNELS = ("torch", "triton")
+
+
+@dataclass
+class CGState:
+    """The iterate z, residual r, preconditioned residual u, directions p and s = A p, and
+    per channel gamma = r.u, the previous gamma and step length; ``weights`` = [M^-1,
+    scale^2] (2 x n) give r.u and ||scale * r||^2 of a residual in one product."""
+
+    z: Tensor
+    r: Tensor
+    u: Tensor
+    p: Tensor
+    s: Tensor
+    inv_diagonal: Tensor  # [n]
+    weights: Tensor  # [2, n]
+    gamma: Tensor  # [d]
+    gamma_prev: Tensor  # [d]
+    alpha_prev: Tensor  # [d]
+    pending: Optional[Tensor] = None  # [2, d] local sums of the current r, if computed
+
+    @classmethod
+    def start(cls, rhs: Tensor, inv_diagonal: Tensor, residual_scale: Optional[Tensor],
+              decoupled: Optional[Tensor]) -> "CGState":
+        """z = 0 and r = rhs, except decoupled rows: z_i = rhs_i / A_ii, r_i = 0."""
+        inv = inv_diagonal.unsqueeze(1)
+        if decoupled is None:
+            z = torch.zeros_like(rhs)
+            r = rhs.clone()
+        else:
+            known = decoupled.unsqueeze(1)
+            z = torch.where(known, rhs * inv, 0.0)
+            r = torch.where(known, 0.0, rhs)
+        scale_sq = residual_scale.square() if residual_scale is not None else \
+            torch.ones_like(inv_diagonal)
+        weights = torch.stack([inv_diagonal, scale_sq]).to(rhs.dtype)
+        zeros = rhs.new_zeros(rhs.shape[1])
+        return cls(z=z, r=r, u=r * inv, p=torch.zeros_like(rhs), s=torch.zeros_like(rhs),
+                   inv_diagonal=inv_diagonal.to(rhs.dtype).contiguous(),
+                   weights=weights.contiguous(), gamma=zeros, gamma_prev=zeros.clone(),
+                   alpha_prev=zeros.clone())
+
+    def reduction(self) -> Tensor:
+        """[2, d]: this process's sums r.u and ||scale * r||^2 per channel."""
+        if self.pending is not None:
+            return self.pending
+        return torch.mm(self.weights, self.r * self.r)
+
+    def finish_reduction(self, sums: Tensor) -> Tensor:
+        """Takes the (global) sums of :meth:`reduction`: the new gamma; returns the residual
+        ||scale * r||_F (float64)."""
+        self.pending = None
+        self.gamma_prev, self.gamma = self.gamma, sums[0].contiguous()
+        return sums[1].double().sum().clamp_min(0.0).sqrt()
+
+
+def coefficients(state: CGState, delta: Tensor, live: Tensor):
+    """(alpha, beta) per channel (see the module docstring)."""
+    gamma = state.gamma
+    keep = (state.gamma_prev > 0) & (state.alpha_prev > 0)
+    beta = torch.where(live & keep, gamma / state.gamma_prev, 0.0)
+    denominator = delta - torch.where(keep, beta * gamma / state.alpha_prev, 0.0)
+    alpha = torch.where(live & (denominator > 0), gamma / denominator, 0.0)
+    return alpha, beta
+
+
+class TorchCGUpdate:
+    """The update in PyTorch ops."""
+
+    name = "torch"
+
+    @staticmethod
+    def dot(w: Tensor, u: Tensor) -> Tensor:
+        return (w * u).sum(dim=0)
+
+    @staticmethod
+    def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
+        alpha, beta = coefficients(state, delta, live)
+        state.p.mul_(beta).add_(state.u)
+        state.s.mul_(beta).add_(w)
+        state.z.addcmul_(state.p, alpha)
+        state.r.addcmul_(state.s, alpha, value=-1.0)
+        torch.mul(state.r, state.inv_diagonal.unsqueeze(1), out=state.u)
+        state.alpha_prev = alpha
+
+
+class TritonCGUpdate:
+    """The update as two fused Triton kernels (:mod:`._triton_cg`)."""
+
+    name = "triton"
+
+    @staticmethod
+    def dot(w: Tensor, u: Tensor) -> Tensor:
+        from . import _triton_cg
+        return _triton_cg.column_dots(w, u)
+
+    @staticmethod
+    def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
+        from . import _triton_cg
+        state.alpha_prev, state.pending = _triton_cg.cg_step(state, w, delta, live)
+
+
+def _triton_runs(x: Tensor) -> bool:
+    from ..backends import triton as triton_backend
+    return triton_backend.available(x.device)
+
+
+def cg_update_for(rhs: Tensor, vector_kernels: Optional[str] = None):
+    """The update for ``rhs``'s device: ``vector_kernels`` = "torch" or "triton"; None picks
+    Triton on a CUDA device where it is installed, else PyTorch."""
+    if vector_kernels is None:
+        vector_kernels = "triton" if rhs.is_cuda and _triton_runs(rhs) else "torch"
+    if vector_kernels not in VECTOR_KERNELS:
+        raise ValueError(f"vector_kernels must be one of {VECTOR_KERNELS} or None, got "
+                         f"{vector_kernels!r}")
+    if vector_kernels == "triton" and not _triton_runs(rhs):
+        raise RuntimeError(f"vector_kernels='triton' cannot run on {rhs.device}: Triton needs "
+                           f"a CUDA GPU (on the CPU its interpreter, TRITON_INTERPRET=1)")
+    return TritonCGUpdate if vector_kernels == "triton" else TorchCGUpdate
