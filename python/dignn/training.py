@@ -18,7 +18,8 @@ Nothing inside an epoch is read back to the host: the metrics of each epoch, the
 validation score and
 the weights of the best epoch are kept on the device (the weights by a conditional copy), and
 the host reads one small vector every ``sync_every`` epochs for the progress bar and the
-patience test. Selection freezes at the epoch where patience runs out, so the result is the
+patience test. The per-epoch training losses (of the training step, in training mode) are kept
+there too and read once, at the end, as ``SplitResult.train_loss_history``. Selection freezes at the epoch where patience runs out, so the result is the
 same as with a check after every epoch; at most ``sync_every - 1`` epochs are trained in vain.
 """
 from __future__ import annotations
@@ -101,6 +102,8 @@ class SplitResult:
     test_acc_max: float = float("nan")
     val_history: List[float] = field(default_factory=list, repr=False)  # per epoch
     test_history: List[float] = field(default_factory=list, repr=False)
+    # the training step's loss (training mode: dropout on) of every epoch, 1 to epochs_run
+    train_loss_history: List[float] = field(default_factory=list, repr=False)
     model: Optional[torch.nn.Module] = field(default=None, repr=False)  # keep_model=True
     ms_per_epoch: float = float("nan")  # wall time of the epoch loop / epochs trained
     backend: Optional[str] = None  # the implicit layer's backend that ran
@@ -164,6 +167,7 @@ class RunResult:
             **self.environment,
             "lambda_max": [[s.lambda_max_start, s.lambda_max_end] for s in self.splits],
             f"test_{key}_max_over_epochs": [s.test_acc_max for s in self.splits],
+            "train_loss_history": [s.train_loss_history for s in self.splits],
             "config": self.config.as_dict(),
         }
 
@@ -216,8 +220,8 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 class _Selector:
-    """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) is
-    appended, the best (val score, val loss), its epoch and test score are updated with
+    """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) and
+    the training step's loss are appended, the best (val score, val loss), its epoch and test score are updated with
     ``torch.where``, and so are copies of the weights of the best epoch. The host reads
     nothing until :meth:`poll` (every few epochs) and :meth:`result` (once, at the end).
     ``metric`` names the score (:data:`TASK_METRICS`)."""
@@ -238,7 +242,7 @@ class _Selector:
         self.rows: List[Tensor] = []
 
     @torch.no_grad()
-    def update(self, epoch: int, metrics: Tensor) -> None:
+    def update(self, epoch: int, metrics: Tensor, train_loss: Tensor) -> None:
         val = metrics[1:5:3]  # (val score, val loss)
         improved = (val[0] > self.best[0]) | ((val[0] == self.best[0]) &
                                               (val[1] < self.best[1]))
@@ -252,7 +256,7 @@ class _Selector:
             out_of_patience = (self.stopped_at == 0) & (epoch - self.best_epoch >=
                                                         self.patience)
             self.stopped_at = torch.where(out_of_patience, epoch, self.stopped_at)
-        self.rows.append(metrics)
+        self.rows.append(torch.cat([metrics, train_loss.detach().double().reshape(1)]))
 
     def poll(self, train_loss: Tensor) -> List[float]:
         """One host read: [training loss, best val score, its test score, stopped-at
@@ -262,7 +266,7 @@ class _Selector:
 
     def result(self, split: int, seconds: float, epochs_trained: int, lam_start: float,
                lam_end: float) -> SplitResult:
-        history = torch.stack(self.rows).cpu() if self.rows else torch.empty(0, 6)
+        history = torch.stack(self.rows).cpu() if self.rows else torch.empty(0, 7)
         best, stopped = int(self.best_epoch), int(self.stopped_at)
         epochs_run = stopped or history.size(0)
         history = history[:epochs_run]
@@ -274,6 +278,7 @@ class _Selector:
                            test_acc_max=float(finite.max()) if finite.numel() else math.nan,
                            val_history=history[:, 1].tolist(),
                            test_history=test.tolist(),
+                           train_loss_history=history[:, 6].tolist(),
                            ms_per_epoch=1000.0 * seconds / max(epochs_trained, 1),
                            metric=self.metric)
 
@@ -327,7 +332,7 @@ def _run_epochs(config: TrainConfig, model, sel: _Selector, bar, sync_every: int
     epoch = 0
     for epoch in range(1, config.epochs + 1):
         loss, metrics = epoch_fn()
-        sel.update(epoch, metrics)
+        sel.update(epoch, metrics, loss)
         if epoch % sync_every == 0 or epoch == config.epochs:
             loss_value, best_val, best_test, stopped = sel.poll(loss)
             if bar is not None:
