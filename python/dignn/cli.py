@@ -103,6 +103,23 @@ def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
                    help=f"progress bars on stderr (default: {'on' if progress_default else 'off'})")
 
 
+def _add_train_only_args(t: argparse.ArgumentParser) -> None:
+    """Options of ``dignn train`` that ``dignn sweep`` does not take: checkpoints and
+    training across processes."""
+    ck = t.add_argument_group("checkpoints")
+    ck.add_argument("--checkpoint", metavar="PATH", default=None,
+                    help="save the run's state to PATH (replaced atomically): model, "
+                         "optimizer, epoch, split, model selection, random generators and "
+                         "the finished splits' results")
+    ck.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="K",
+                    help="with --checkpoint: save every K epochs (default 10) and after each "
+                         "split")
+    ck.add_argument("--resume", action="store_true",
+                    help="with --checkpoint: continue the run saved there (same dataset, "
+                         "settings and splits); the per-epoch losses are those of the "
+                         "uninterrupted run")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
     from .catalog import BACKENDS, DATASETS, SOLVERS
@@ -206,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write every setting's overrides, per-split validation accuracies, "
                         "their mean and std, best epochs and seconds, the chosen setting and "
                         "its test accuracies, the command, device, wall time and peak memory")
+
+    _add_train_only_args(t)
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
     psub = p.add_subparsers(dest="figure", required=True)
@@ -349,6 +368,18 @@ def _load(args):
     return load_dataset(args.dataset, args.data_root, args.cache_dir, **extra)
 
 
+def _checkpointing(args, write: bool = True):
+    """The :class:`~dignn.training.Checkpointing` of ``--checkpoint``, ``--checkpoint-every``
+    and ``--resume`` (None without ``--checkpoint``)."""
+    from .training import Checkpointing
+    if args.checkpoint is None:
+        if args.resume or args.checkpoint_every is not None:
+            raise ValueError("--resume and --checkpoint-every need --checkpoint PATH (the "
+                             "checkpoint file)")
+        return None
+    return Checkpointing(args.checkpoint, args.checkpoint_every or 10, args.resume, write)
+
+
 def _train(args) -> int:
     from .data import DatasetUnavailableError
     from .device import describe_device
@@ -359,6 +390,7 @@ def _train(args) -> int:
     if device is None:
         return 2
     try:
+        checkpoint = _checkpointing(args)
         key, preset_name = _preset_of(args)
         config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
         check_protocol_config(args.protocol, config)
@@ -390,7 +422,8 @@ def _train(args) -> int:
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
     try:
         run = train(dataset, config, args.splits, progress=args.progress, on_split=report,
-                    device=device, compile_model=args.compile, sync_every=args.sync_every)
+                    device=device, compile_model=args.compile, sync_every=args.sync_every,
+                    checkpoint=checkpoint)
     except ValueError as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
