@@ -13,7 +13,9 @@ mean validation accuracy and reports only that setting's test accuracy. ``--prot
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
+import os
 import shlex
 import sys
 import time
@@ -118,6 +120,24 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                     help="with --checkpoint: continue the run saved there (same dataset, "
                          "settings and splits); the per-epoch losses are those of the "
                          "uninterrupted run")
+    dd = t.add_argument_group("training across processes (torchrun)")
+    dd.add_argument("--distributed", action="store_true",
+                    help="train the node model full-graph over the processes torchrun "
+                         "starts (torchrun --nproc-per-node N -m dignn train --distributed "
+                         "...): each owns a part of the nodes; gloo on the CPU, NCCL on GPUs "
+                         "(one per process, by LOCAL_RANK); rank 0 prints and writes --json "
+                         "and --checkpoint")
+    dd.add_argument("--partition", choices=["contiguous", "metis"], default="contiguous",
+                    help="how the nodes are split over the processes: contiguous blocks of "
+                         "about equal work (default) or METIS (needs pymetis: pip install "
+                         "pymetis)")
+    dd.add_argument("--partition-file", metavar="PATH", default=None,
+                    help="read the partition from PATH, or write it there when missing, so "
+                         "that a big graph is partitioned once (it must have one part per "
+                         "process)")
+    dd.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="the most any collective may wait (default 300): when a process "
+                         "dies, the others stop with an error within it instead of hanging")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -381,30 +401,77 @@ def _checkpointing(args, write: bool = True):
 
 
 def _train(args) -> int:
+    if not args.distributed:
+        for option in ("partition_file",):
+            if getattr(args, option) is not None:
+                print(f"dignn train: error: --{option.replace('_', '-')} applies to "
+                      f"--distributed runs", file=sys.stderr)
+                return 2
+        return _train_run(args)
+    import torch.distributed as dist
+    from .distributed import init_distributed
+    try:
+        rank, world, device = init_distributed(args.device, args.timeout)
+    except (ValueError, RuntimeError) as err:
+        print(f"dignn train: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        code = _train_run(args, (rank, world, device))
+    except RuntimeError as err:  # a collective failed: a peer died or timed out
+        print(f"dignn train: error: rank {rank} of {world}: {err}", file=sys.stderr,
+              flush=True)
+        os._exit(1)  # the process group's teardown could wait on the dead peer
+    dist.destroy_process_group()
+    return code
+
+
+def _train_run(args, distributed=None) -> int:
+    """``dignn train`` in one process, or (``distributed``: (rank, world size, device)) on
+    one rank of a distributed run, where rank 0 alone prints and writes."""
     from .data import DatasetUnavailableError
     from .device import describe_device
     from .presets import preset_config
     from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
     from .training import train
-    device = _run_setup(args, "dignn train")
-    if device is None:
-        return 2
+    rank = 0 if distributed is None else distributed[0]
+    quiet = rank != 0
+
+    def print(*what, **how):  # noqa: A001 - rank 0 speaks for every rank
+        if not quiet or how.get("file") is sys.stderr:
+            builtins.print(*what, **how)
+
+    if distributed is None:
+        device = _run_setup(args, "dignn train")
+        if device is None:
+            return 2
+    else:
+        device = distributed[2]
     try:
-        checkpoint = _checkpointing(args)
+        checkpoint = _checkpointing(args, write=not quiet)
         key, preset_name = _preset_of(args)
         config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
         check_protocol_config(args.protocol, config)
         start = time.perf_counter()
-        dataset = apply_protocol(_load(args), args.protocol)
-    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
+        dataset = apply_protocol(_load_in_turn(args, distributed), args.protocol)
+        fit = None
+        if distributed is not None:
+            fit = _distributed_fit(args, dataset, config, distributed)
+    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError,
+            ImportError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
     if _backend_error(config, device):
         print(f"dignn train: error: {_backend_error(config, device)}", file=sys.stderr)
         return 2
-    threads = _set_threads(args, _sweep_work(dataset, config.hidden))
+    world = 1 if distributed is None else distributed[1]
+    threads = _set_threads(args, _sweep_work(dataset, config.hidden) // world)
     env = describe_device(device)
     print(f"{dataset.description}", flush=True)
+    if distributed is not None:
+        stats = fit.graph.partition.stats(config.hidden)
+        print(f"distributed over {world} processes ({fit.graph.partition.method} partition): "
+              f"owned nodes {stats['owned_nodes']}, halo nodes {stats['halo_nodes']}, "
+              f"{stats['bytes_per_sweep'] / 2**20:.2f} MiB exchanged per sweep", flush=True)
     print(f"device {env['device']} ({env['device_name']}), torch {env['torch']}, {threads}",
           flush=True)
     shown = {k: v for k, v in config.as_dict().items()
@@ -421,9 +488,9 @@ def _train(args) -> int:
               f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
     try:
-        run = train(dataset, config, args.splits, progress=args.progress, on_split=report,
-                    device=device, compile_model=args.compile, sync_every=args.sync_every,
-                    checkpoint=checkpoint)
+        run = train(dataset, config, args.splits, progress=args.progress and not quiet,
+                    on_split=report, device=device, compile_model=args.compile,
+                    sync_every=args.sync_every, checkpoint=checkpoint, fit=fit)
     except ValueError as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
@@ -449,15 +516,56 @@ def _train(args) -> int:
         print(f"  for comparison only (test-set selection, not an estimate): the best test "
               f"accuracy of any epoch, averaged over folds as the paper's authors' code "
               f"reports it: {100 * sum(peak) / len(peak):.2f} %")
-    if args.json:
+    if distributed is not None:
+        memory = _gather_objects(peak_memory(device))
+    if args.json and not quiet:
         record = run.to_json()
         record["protocol"] = args.protocol
         if args.protocol == "gin":  # per-fold selection on the held-out folds is not kept
             for name in ("val_acc", "best_epoch"):
                 record.pop(name)
             record.update(cv.to_json())
+        if distributed is not None:
+            record["distributed"] = {"world_size": world, "partition": stats,
+                                     "peak_memory_per_rank": memory}
         _write_record(args, record, preset_name, total, device)
     return 0
+
+
+def _gather_objects(value) -> list:
+    """``value`` of every rank, in rank order (on every rank)."""
+    import torch.distributed as dist
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _load_in_turn(args, distributed):
+    """:func:`_load`; across processes rank 0 first (it may prepare the cache, which the others
+    then read), the others after it."""
+    if distributed is None:
+        return _load(args)
+    import torch.distributed as dist
+    if distributed[0] == 0:
+        try:
+            dataset = _load(args)
+        finally:
+            dist.barrier()
+        return dataset
+    dist.barrier()
+    return _load(args)
+
+
+def _distributed_fit(args, dataset, config, distributed):
+    """The :class:`dignn.distributed.DistributedRun` of this rank (partitioning the graph, or
+    reading ``--partition-file``)."""
+    from .distributed import DistributedRun, load_partition
+    if dataset.task != "node":
+        raise ValueError(f"--distributed trains node classification (one graph split over the "
+                         f"processes); {dataset.name} is a {dataset.task} dataset: train it "
+                         f"without --distributed")
+    part = load_partition(dataset, distributed[1], args.partition, args.partition_file)
+    return DistributedRun(dataset, config, part, distributed[2])
 
 
 def _settings_table(result) -> List[str]:

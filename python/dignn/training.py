@@ -460,28 +460,43 @@ class _Selector:
 
 class _NodeSets:
     """The train, validation and test nodes of a split as one index vector, so that an
-    epoch's six metrics take a handful of kernels and no host read."""
+    epoch's six metrics take a handful of kernels and no host read. ``sizes``: the sets'
+    sizes to divide by (default: of ``split``; across processes, the global sizes, while
+    ``split`` holds this rank's nodes)."""
 
-    def __init__(self, split):
+    def __init__(self, split, sizes: Optional[Sequence[int]] = None):
         parts = (split.train, split.val, split.test)
         self.index = torch.cat(parts)
-        self.sizes = [t.numel() for t in parts]
+        self.local_sizes = [t.numel() for t in parts]
+        self.divisors = torch.tensor(list(sizes) if sizes is not None else self.local_sizes,
+                                     dtype=torch.float64).to(self.index.device).unsqueeze(1)
 
-    def metrics(self, logits: Tensor, y: Tensor) -> Tensor:
+    def sums(self, logits: Tensor, y: Tensor) -> Tensor:
+        """[3, 2]: (correct predictions, loss sum) of the train, validation and test set."""
         logits, y = logits[self.index], y[self.index]
         loss = F.cross_entropy(logits, y, reduction="none").double()
         correct = (logits.argmax(dim=1) == y).double()
-        per_set = [part.sum(0) / part.size(0) for part in  # 0/0 = NaN for an empty set
-                   torch.stack([correct, loss], dim=1).split(self.sizes)]
-        return torch.stack(per_set).t().reshape(6)
+        return torch.stack([part.sum(0) for part in
+                            torch.stack([correct, loss], dim=1).split(self.local_sizes)])
+
+    def means(self, sums: Tensor) -> Tensor:
+        """The metric vector (see ``_METRICS``) of :meth:`sums`; 0/0 = NaN for an empty
+        set."""
+        return (sums / self.divisors).t().reshape(6)
+
+    def metrics(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.means(self.sums(logits, y))
 
 
 def _split_setup(dataset, config: TrainConfig, split: int, device: torch.device,
-                 compile_model: bool):
-    """A fresh model seeded with ``config.seed + split`` on ``device`` and its Adam optimizer
+                 compile_model: bool, prepare: Optional[Callable] = None):
+    """A fresh model seeded with ``config.seed + split`` on ``device`` (passed through
+    ``prepare`` when given, before the optimizer sees its parameters) and its Adam optimizer
     (fused on a GPU); the model's forward compiled when asked."""
     torch.manual_seed(config.seed + split)
     model = build_model(dataset, config).to(device)
+    if prepare is not None:
+        model = prepare(model)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                            fused=device.type == "cuda" or None)
     if compile_model:
@@ -773,7 +788,7 @@ def train(dataset: Dataset, config: TrainConfig,
                          f"splits), got {splits}")
     _check_sync_every(sync_every)
     device = resolve_device(device)
-    if dataset.task == "node":
+    if dataset.task == "node" and fit is None:  # a given fit places the data itself
         dataset = dataset.to(device)
     run = RunResult(dataset.name, config.laplacian, config,
                     environment={**describe_device(device), "threads": torch.get_num_threads(),
