@@ -107,20 +107,27 @@ class CSRGraph:
         if key in self._by_dtype:
             return self._by_dtype[key]
         a, deg = self.values(dtype)
-        ones = torch.ones_like(deg)
-        if laplacian == "rw":
-            out = (a, deg, deg)
-        elif laplacian == "unnormalized":
-            out = (a, ones, deg)
-        elif laplacian == "sym":
-            inv_sqrt = torch.where(deg > 0, deg.clamp_min(torch.finfo(dtype).tiny).rsqrt(),
-                                   torch.zeros_like(deg))
-            w = inv_sqrt[self.rows()] * a * inv_sqrt[self.col.long()]
-            out = (w, ones, (deg > 0).to(dtype))
-        else:
-            raise ValueError(f"no fixed weights for laplacian={laplacian!r}")
+        out = fixed_weights(laplacian, a, deg, self.rows(), self.col.long())
         self._by_dtype[key] = out
         return out
+
+
+def fixed_weights(laplacian: str, a: Tensor, deg: Tensor, rows: Tensor, cols: Tensor
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(W, chi, kappa) of a canonical Laplacian (see :meth:`CSRGraph.fixed_laplacian`) from
+    the edge values ``a`` of the entries (``rows``, ``cols``) and the degrees ``deg`` of every
+    node the entries touch."""
+    ones = torch.ones_like(deg)
+    if laplacian == "rw":
+        return a, deg, deg
+    if laplacian == "unnormalized":
+        return a, ones, deg
+    if laplacian == "sym":
+        inv_sqrt = torch.where(deg > 0, deg.clamp_min(torch.finfo(deg.dtype).tiny).rsqrt(),
+                               torch.zeros_like(deg))
+        w = inv_sqrt[rows] * a * inv_sqrt[cols]
+        return w, ones, (deg > 0).to(deg.dtype)
+    raise ValueError(f"no fixed weights for laplacian={laplacian!r}")
 
 
 # ------------------------------------------------------------------------ building --

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from . import backends, solvers
 from .backends import available_backends
+from .distributed.graph import DistributedGraph
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 from .solvers import SOLVERS
 
@@ -66,7 +67,9 @@ class FusedImplicitDiffusion(nn.Module):
 
     ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (messages flow
     from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
-    ``SparseTensor`` (read as PyG's ``adj_t``). The preprocessed graph is cached while the same
+    ``SparseTensor`` (read as PyG's ``adj_t``), or a
+    :class:`~dignn_kernels.distributed.DistributedGraph` (one rank's piece of a partitioned
+    graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed graph is cached while the same
     tensors are passed again. Rows whose chi is 0 (isolated nodes, all-zero features) keep
     z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve and
     ``solver_used`` names the solver that ran; after a backward, ``backward_iterations`` and
@@ -207,6 +210,8 @@ class FusedImplicitDiffusion(nn.Module):
         return host_checks
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
+        if isinstance(edge_index, DistributedGraph):
+            return self._forward_distributed(x, edge_index, edge_weight)
         host_checks = self._check_x(x)
         edge_device = _graph_device(edge_index)
         if edge_device is not None and edge_device != x.device:
@@ -271,6 +276,14 @@ class FusedImplicitDiffusion(nn.Module):
             return call(graph.rowptr, graph.col, a, x, chi, p, q, None, **config)
         w, chi, kappa = graph.fixed_laplacian(self.laplacian, x.dtype)
         return call(graph.rowptr, graph.col, w, x, chi, None, None, kappa, **config)
+
+    # ---------------------------------------------------- partitioned graphs (issue 15) --
+    def _forward_distributed(self, x: Tensor, graph: "DistributedGraph",
+                             edge_weight: Optional[Tensor]) -> Tensor:
+        """The owned rows of Z on one rank of a partitioned graph (x: the owned rows); see
+        :mod:`dignn_kernels.distributed`."""
+        from .distributed.solve import distributed_forward
+        return distributed_forward(self, x, graph, edge_weight)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, mu={self.mu}, laplacian={self.laplacian!r}, "

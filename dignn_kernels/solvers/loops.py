@@ -33,6 +33,11 @@ reads them on the host only every ``check_every`` sweeps (0: never, a fixed ``ma
 sweeps); once converged, later sweeps leave the iterate unchanged, so the result does not
 depend on ``check_every``. That is what lets a solve run under CUDA graph capture.
 
+On a partitioned graph (:mod:`dignn_kernels.distributed`) each process holds some rows; the
+system's ``reduce`` (an all-reduce on the device) turns every partial norm and dot product into
+the global one, so that all processes take the same steps and stop together. With ``reduce``
+None (one process) every loop runs as written.
+
 The residuals of cg and anderson are of the equation itself, ``||X - Z - Delta Z / mu||_F``
 (forward) and ``||g - u - Delta^T u / mu||_F`` (adjoint), relative to ``||X||_F`` and
 ``||g||_F``.
@@ -46,6 +51,10 @@ from torch import Tensor
 
 from ..laplacian import node_mass
 from .system import EquilibriumSystem
+
+# Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
+# stays on the device); None: one process holds every row.
+Reduce = Optional[Callable[[Tensor], Tensor]]
 
 __all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult", "fixed_point",
            "conjugate_gradient", "anderson", "solve_forward", "solve_adjoint",
@@ -104,17 +113,24 @@ def default_check_every(device: torch.device, solver: str = "cg") -> int:
     return 16 if solver == "fixed_point" else 4
 
 
-def _norm(t: Tensor) -> Tensor:
-    return torch.linalg.vector_norm(t).double()
+def _global(partial: Tensor, reduce: Reduce) -> Tensor:
+    """The sum over processes of per-process partial sums (itself on one process)."""
+    return partial if reduce is None else reduce(partial)
 
 
-def _weighted_sq(t: Tensor, weight: Tensor) -> Tensor:
-    return (t.square().sum(dim=1, dtype=torch.float64) * weight.double()).sum()
+def _norm(t: Tensor, reduce: Reduce = None) -> Tensor:
+    if reduce is None:
+        return torch.linalg.vector_norm(t).double()
+    return reduce(t.square().sum(dtype=torch.float64)).sqrt()
 
 
-def _start(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None):
+def _weighted_sq(t: Tensor, weight: Tensor, reduce: Reduce = None) -> Tensor:
+    return _global((t.square().sum(dim=1, dtype=torch.float64) * weight.double()).sum(), reduce)
+
+
+def _start(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None, reduce: Reduce = None):
     dev = rhs.device
-    ref = _norm(rhs) if ref is None else ref.double()
+    ref = _norm(rhs, reduce) if ref is None else ref.double()
     ref_safe = ref.clamp_min(torch.finfo(torch.float64).tiny)
     history = torch.full((max_iter + 1,), math.nan, dtype=torch.float64, device=dev)
     flag = torch.zeros((), dtype=torch.bool, device=dev)
@@ -140,7 +156,8 @@ def check_every_arg(check_every: int) -> int:
 def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
                 check_every: int = 1, certificate: Optional[Tensor] = None,
                 growth: float = _CERTIFICATE_SYMMETRIC,
-                callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+                callback: Optional[Callable[[int], None]] = None,
+                reduce: Reduce = None) -> SolveResult:
     """The paper's iteration (eq. iter) from Z_0 = 0: y_1 = rhs, y_{k+1} = step(y_k), at most
     ``max_iter`` iterations (max_iter - 1 sweeps), until ||y_{k+1} - y_k|| <= tol ||y_{k+1}||
     (the paper's stopping test). The result counts iterations as the paper does
@@ -153,22 +170,22 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     mu < lambda_max(Delta): the loop stops there (before anything overflows), keeps the last
     iterate under the bound and flags ``diverged``."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter)
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
     diverged = done.clone()
     residual = ref.clone()  # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0)
     relative = (ref > 0).double()
     done = done | (ref <= 0)  # rhs = 0: y = 0 is exact
-    bound = growth * _weighted_sq(rhs, certificate) if certificate is not None else None
+    bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else None
     tiny = torch.finfo(torch.float64).tiny
     y = rhs
     if not (check_every and bool(done)):
         for k in range(1, max_iter):
             y_next = step(y)
-            res = _norm(y_next - y)  # the residual of y_{k-1}
-            size = _norm(y_next)
+            res = _norm(y_next - y, reduce)  # the residual of y_{k-1}
+            size = _norm(y_next, reduce)
             bad = ~torch.isfinite(res)
             if bound is not None:
-                bad = bad | (_weighted_sq(y_next, certificate) > bound)
+                bad = bad | (_weighted_sq(y_next, certificate, reduce) > bound)
             rel = res / size.clamp_min(tiny)
             history[k - 1] = rel
             live = ~done
@@ -199,7 +216,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                        max_iter: int, tol: float, check_every: int = 1,
                        residual_scale: Optional[Tensor] = None, ref_norm: Optional[Tensor] = None,
                        decoupled: Optional[Tensor] = None,
-                       callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+                       callback: Optional[Callable[[int], None]] = None,
+                       reduce: Reduce = None) -> SolveResult:
     """Jacobi-preconditioned conjugate gradient for A V = rhs, A SPD, every column its own
     system (per-column step lengths); one ``apply`` (one CSR sweep) per iteration. Stops once
     ||residual_scale * (rhs - A V)||_F <= tol * ref_norm (default ||rhs||_F); the residual is
@@ -209,7 +227,7 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
     (guard rows keep z_i = x_i bit for bit); the others start at 0."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm)
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm, reduce)
     diverged = done.clone()
     inv_diag = inv_diagonal.unsqueeze(1)
     # Both reductions of an iteration in one pass over r^2: with M = diag(1/inv_diagonal),
@@ -217,8 +235,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     weights = torch.stack([inv_diagonal, residual_scale.square() if residual_scale is not None
                            else torch.ones_like(inv_diagonal)]).to(rhs.dtype)
 
-    def reduce(r):
-        both = torch.mm(weights, torch.mul(r, r, out=scratch))
+    def residual_terms(r):
+        both = _global(torch.mm(weights, torch.mul(r, r, out=scratch)), reduce)
         return both[0], both[1].double().sum().clamp_min(0.0).sqrt()
 
     if decoupled is None:
@@ -230,18 +248,18 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
         r = torch.where(known, 0.0, rhs)
     p = r * inv_diag
     scratch = torch.empty_like(rhs)  # the loop's one n x d temporary, reused
-    rz, residual = reduce(r)
+    rz, residual = residual_terms(r)
     history[0] = residual / ref_safe
     done = done | (residual <= tol * ref)
     if not (check_every and bool(done)):
         for k in range(1, max_iter + 1):
             ap = apply(p)
-            pap = torch.mul(p, ap, out=scratch).sum(dim=0)
+            pap = _global(torch.mul(p, ap, out=scratch).sum(dim=0), reduce)
             live = ~done
             alpha = torch.where(live & (pap > 0), rz / pap, 0.0)
             z.addcmul_(p, alpha)
             r.addcmul_(ap, alpha, value=-1.0)
-            rz_new, res = reduce(r)
+            rz_new, res = residual_terms(r)
             beta = torch.where(live & (rz > 0), rz_new / rz, 0.0)
             p.mul_(beta).addcmul_(r, inv_diag)  # p = M^-1 r + beta p
             rz = rz_new
@@ -289,7 +307,8 @@ def _small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
 
 def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
              window: int = ANDERSON_WINDOW, check_every: int = 1,
-             callback: Optional[Callable[[int], None]] = None) -> SolveResult:
+             callback: Optional[Callable[[int], None]] = None,
+             reduce: Reduce = None) -> SolveResult:
     """Anderson acceleration (type II, mixing 1) of y -> step(y) from y_0 = rhs, one sweep per
     iteration, at most ``max_iter`` sweeps, until ||step(y) - y|| <= tol ||rhs||.
 
@@ -302,13 +321,13 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
     if rhs.dim() != 2:
         raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter)
+    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
     m = min(window, max(max_iter - 1, 1))
     dtype = rhs.dtype
     y = rhs
     gy = step(y)
     f = gy - y
-    residual = _norm(f)
+    residual = _norm(f, reduce)
     history[0] = residual / ref_safe
     sweeps += 1
     diverged = ~torch.isfinite(residual)
@@ -327,8 +346,8 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
 
     def dots(v, filled):
         """<d_f[j], v> per channel for the filled slots: (filled, d), float64."""
-        return torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
-                            for j in range(filled)]).double()
+        return _global(torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
+                                    for j in range(filled)]).double(), reduce)
 
     if check_every and bool(done):
         max_iter = 1
@@ -347,7 +366,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
                 y_new.addcmul_(d_g[j], gamma[j], value=-1.0)
         gy_new = step(y_new)
         f_new = gy_new - y_new
-        res = _norm(f_new)
+        res = _norm(f_new, reduce)
         slot = (k - 1) % m
         torch.sub(f_new, f, out=d_f[slot])
         torch.sub(gy_new, gy, out=d_g[slot])
@@ -383,26 +402,28 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
 
 def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *,
            max_iter: int, tol: float, check_every: int, window: int, callback) -> SolveResult:
+    reduce = system.reduce
     if solver == "cg":
         cg = dict(max_iter=max_iter, tol=tol, check_every=check_every,
-                  decoupled=system.decoupled, callback=callback)
+                  decoupled=system.decoupled, callback=callback, reduce=reduce)
         if adjoint:  # (S + L/mu) v = g, then u = S v
             out = conjugate_gradient(system.spd_apply, rhs, system.inv_diagonal, **cg)
             out.solution = system.mass.unsqueeze(1) * out.solution
             return out
         return conjugate_gradient(system.spd_apply, system.mass.unsqueeze(1) * rhs,
                                   system.inv_diagonal, residual_scale=1.0 / system.mass,
-                                  ref_norm=torch.linalg.vector_norm(rhs), **cg)
+                                  ref_norm=_norm(rhs, reduce), **cg)
     step_map = system.adjoint_step if adjoint else system.step
     step = lambda y: step_map(y, rhs)  # noqa: E731
     if solver == "anderson":
         return anderson(step, rhs, max_iter=max_iter, tol=tol, window=window,
-                        check_every=check_every, callback=callback)
+                        check_every=check_every, callback=callback, reduce=reduce)
     growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
     return fixed_point(step, rhs, max_iter=max_iter, tol=tol, check_every=check_every,
-                       certificate=certificate, growth=growth, callback=callback)
+                       certificate=certificate, growth=growth, callback=callback,
+                       reduce=reduce)
 
 
 def solve_forward(system: EquilibriumSystem, x: Tensor, solver: str, *, max_iter: int,

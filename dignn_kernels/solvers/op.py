@@ -53,7 +53,7 @@ def backward_stats(forward_stats: Tensor) -> Optional[Tensor]:
 # ------------------------------------------------------------------ the custom op --
 
 def _system(backend, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowptr, t_col,
-            t_perm, diag_index, w=None):
+            t_perm, diag_index, w=None, symmetric=None):
     if p is not None:
         if w is None:
             w, kappa = backend.neural_edge_weights(rowptr, col, edge_value, p, q, eps)
@@ -65,7 +65,19 @@ def _system(backend, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowpt
             kappa = backend.row_pass(rowptr, col, w, ones.view(n, 1), chi.new_zeros(n, 1),
                                      chi.new_zeros(n), ones).view(n)
     return EquilibriumSystem(backend, rowptr, col, w, chi, kappa, mu, t_rowptr=t_rowptr,
-                             t_col=t_col, t_perm=t_perm, diag_index=diag_index), w, kappa
+                             t_col=t_col, t_perm=t_perm, diag_index=diag_index,
+                             symmetric=symmetric), w, kappa
+
+
+def chi_gradient(u: Tensor, x: Tensor, z: Tensor, ca: Tensor, mu: float) -> Tensor:
+    """dl/dchi_i = u_i . (x_i - z_i) / chi_i (= mu ca_i u_i . (x_i - z_i); 0 on guard rows)
+    from the adjoint solution u."""
+    return (u * (x - z)).sum(dim=1) * ca * mu
+
+
+def edge_gradient_weights(u: Tensor, ca: Tensor) -> Tensor:
+    """v = ca.u: the gradient pass's weights, dl/dW_ij = v_i . (z_j - z_i)."""
+    return u * ca.unsqueeze(1)
 
 
 def _effective_check_every(check_every: int, device: torch.device, solver: str) -> int:
@@ -145,9 +157,9 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
                         check_every=_effective_check_every(check_every, x.device, solver),
                         window=window)
     u = out.solution
-    grad_chi = (u * (x - z)).sum(dim=1) * system.ca * mu
+    grad_chi = chi_gradient(u, x, z, system.ca, mu)
     if neural:
-        v = u * system.ca.unsqueeze(1)
+        v = edge_gradient_weights(u, system.ca)
         grad_p, grad_q = passes.gradient_pass(rowptr, col, edge_value, p, q, z, v, eps,
                                               t_rowptr, t_col, t_perm)
     else:

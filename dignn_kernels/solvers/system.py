@@ -30,16 +30,24 @@ class EquilibriumSystem:
 
     ``kappa`` is the diagonal of L (row sums of W for the neural, rw and unnormalized
     Laplacians, 1 for sym). ``t_rowptr, t_col, t_perm`` describe W^T for directed graphs
-    (None: W is symmetric). ``diag_index`` locates the self-loops (computed when None)."""
+    (None: W is symmetric, and the adjoint reads W^T from W's own CSR). ``symmetric`` says
+    whether W is symmetric (default: no t_* given); a partitioned graph passes its global
+    flag with the transpose of its local, padded CSR (:mod:`dignn_kernels.distributed`).
+    ``diag_index`` locates the self-loops (computed when None).
+
+    ``reduce`` sums per-process partial sums (norms, dot products) over the processes of a
+    partitioned solve; None here, where every row is local."""
+
+    reduce = None
 
     def __init__(self, backend: Backend, rowptr: Tensor, col: Tensor, w: Tensor, chi: Tensor,
                  kappa: Tensor, mu: float, *, t_rowptr: Optional[Tensor] = None,
                  t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
-                 diag_index: Optional[Tensor] = None):
+                 diag_index: Optional[Tensor] = None, symmetric: Optional[bool] = None):
         self.row_pass = backend.row_pass
         self.rowptr, self.col, self.w = rowptr, col, w
         self.mu = float(mu)
-        self.symmetric = t_rowptr is None
+        self.symmetric = t_rowptr is None if symmetric is None else bool(symmetric)
         self._transposed = (t_rowptr, t_col, t_perm)
         self._diag_index = diag_index
         self.guard = guard_rows(chi)
@@ -58,7 +66,7 @@ class EquilibriumSystem:
     def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
         if self._adjoint is None:
             t_rowptr, t_col, t_perm = self._transposed
-            if self.symmetric:
+            if t_rowptr is None:
                 t_rowptr, t_col, t_w = self.rowptr, self.col, self.w
             else:
                 t_w = self.w[t_perm]

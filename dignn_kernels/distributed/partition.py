@@ -1,0 +1,329 @@
+"""Node partitions of a graph for the distributed solve: who owns which rows, which remote rows
+(the halo) each process reads, and the plans that move them.
+
+Each rank owns some nodes (its CSR rows, global ids ascending) and reads, in its rows, columns
+owned by other ranks: its halo. Its local CSR is square and padded: local ids are the owned
+nodes first, then the halo nodes grouped by owning rank (ascending global id within a group),
+and the halo rows are empty. So every backend's row pass runs on it unchanged, and the rows an
+``all_to_all`` receives (concatenated by source rank) land in halo order as they are.
+
+The send plan of rank s lists, per destination rank r, the local ids (owned positions) of the
+rows that r reads from s, in r's halo order; the receive plan of r is the number of halo rows
+per owner. The reverse of the same plan (halo rows back to their owners, summed there) carries
+the adjoint on directed graphs and the gradients of halo rows.
+
+Edge convention as in PyG and :mod:`dignn_kernels.graph`: ``edge_index[0] -> edge_index[1]``,
+row i of the CSR holds the sources j that node i aggregates from.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..graph import CSRGraph, build_graph
+from ..csr import csr_rows
+
+__all__ = ["GraphPartition", "partition", "METHODS"]
+
+METHODS = ("contiguous", "metis")
+_FORMAT = 1
+_PIECE_KEYS = ("owned", "halo", "rowptr", "col", "value", "degree", "send_index",
+               "send_counts", "recv_counts")
+
+
+def _check_parts(parts) -> int:
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"parts must be an integer >= 1 (the number of processes, e.g. the "
+                         f"torchrun --nproc-per-node), got {parts!r}")
+    return parts
+
+
+def _row_cost(graph: CSRGraph) -> Tensor:
+    """The work of a row in one sweep: 1 + its CSR entries (the balance weight of both
+    methods)."""
+    return (graph.rowptr[1:] - graph.rowptr[:-1]) + 1
+
+
+def contiguous_assignment(graph: CSRGraph, parts: int) -> Tensor:
+    """Blocks of consecutive node ids of about equal work (rows + CSR entries): node i goes to
+    the rank whose share of the cumulative work holds i's start. With more parts than nodes
+    some ranks own nothing."""
+    cost = _row_cost(graph).double()
+    start = torch.cumsum(cost, 0) - cost  # work before node i
+    total = float(cost.sum()) if cost.numel() else 0.0
+    if total == 0.0:
+        return torch.zeros(graph.num_nodes, dtype=torch.int64)
+    return torch.clamp((start * parts / total).floor().long(), max=parts - 1)
+
+
+def _metis_module():
+    try:
+        import pymetis  # noqa: F401
+    except ImportError as err:
+        raise ImportError("method='metis' needs pymetis, an optional dependency: install it "
+                          "with `pip install pymetis` (or `pip install dignn-kernels[distributed]`"
+                          "), or use method='contiguous'") from err
+    return pymetis
+
+
+def _metis_index_dtype(pymetis) -> torch.dtype:
+    """METIS's idx_t, so that pymetis reads the arrays without a copy."""
+    import numpy as np
+    return torch.int64 if pymetis.zero_copy_dtype() == np.dtype(np.int64) else torch.int32
+
+
+def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
+    """METIS (k-way, through pymetis) on the symmetrized graph without self-loops, vertex
+    weights 1 + the row's CSR entries so that the ranks' sweeps take about equal time; edge
+    values are ignored (METIS minimizes the number of cut edges, which is what the exchange
+    moves). A directed graph is partitioned as its symmetrization: a cut either way costs
+    one halo row."""
+    pymetis = _metis_module()
+    n = graph.num_nodes
+    if parts == 1 or n == 0:
+        return torch.zeros(n, dtype=torch.int64)
+    if parts >= n:  # one node per rank (METIS rejects more parts than vertices)
+        return torch.arange(n, dtype=torch.int64)
+    rows = csr_rows(graph.rowptr, graph.num_edges)
+    cols = graph.col.long()
+    keep = rows != cols
+    lo = torch.minimum(rows[keep], cols[keep])
+    hi = torch.maximum(rows[keep], cols[keep])
+    key = torch.unique(lo * n + hi)
+    lo, hi = key // n, key % n
+    del key
+    src = torch.cat([lo, hi])
+    dst = torch.cat([hi, lo])
+    del lo, hi
+    order = torch.argsort(src * n + dst)
+    index = _metis_index_dtype(pymetis)
+    adjncy = dst[order].to(index)
+    xadj = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(src, minlength=n), 0, out=xadj[1:])
+    del src, dst, order
+    vweights = _row_cost(graph).to(index)
+    options = pymetis.Options(seed=seed)
+    adjacency = pymetis.CSRAdjacency(xadj.to(index).numpy(), adjncy.numpy())
+    _, membership = pymetis.part_graph(parts, adjacency, vweights=vweights.numpy(),
+                                       options=options)
+    return torch.as_tensor(membership, dtype=torch.int64)
+
+
+def _segments(rowptr: Tensor, rows: Tensor) -> Tensor:
+    """The CSR positions of the entries of ``rows`` (in order)."""
+    starts, counts = rowptr[rows], rowptr[rows + 1] - rowptr[rows]
+    total = int(counts.sum()) if counts.numel() else 0
+    offsets = torch.cumsum(counts, 0) - counts
+    return torch.repeat_interleave(starts - offsets, counts, output_size=total) + \
+        torch.arange(total, dtype=torch.int64)
+
+
+class GraphPartition:
+    """A graph split over ``parts`` ranks: the node -> rank ``assignment`` and, per rank, its
+    piece: ``owned`` and ``halo`` (global ids), the padded local CSR (``rowptr``, ``col`` in
+    local ids, ``value`` a_ij), the global ``degree`` D_i = sum_j a_ij of its owned and halo
+    nodes (local order), and its exchange plan (``send_index``, ``send_counts``,
+    ``recv_counts``). Build it with :func:`partition` or :meth:`from_assignment`; keep it with
+    :meth:`save` / :meth:`load`."""
+
+    def __init__(self, num_nodes: int, parts: int, method: str, assignment: Tensor,
+                 symmetric: bool, pieces: List[Dict[str, Tensor]], seconds: float = 0.0):
+        self.num_nodes, self.parts, self.method = int(num_nodes), int(parts), method
+        self.assignment = assignment
+        self.symmetric = bool(symmetric)
+        self.pieces = pieces
+        self.seconds = float(seconds)  # wall time of the partitioning (assignment + pieces)
+
+    # ------------------------------------------------------------------ building --
+    @classmethod
+    def from_assignment(cls, edge_index: Union[Tensor, CSRGraph], num_nodes: int,
+                        assignment: Tensor, parts: int, edge_weight: Optional[Tensor] = None,
+                        method: str = "given") -> "GraphPartition":
+        """The partition in which node i belongs to rank ``assignment[i]`` (any split: ranks
+        may own no nodes or no edges)."""
+        parts = _check_parts(parts)
+        began = time.perf_counter()
+        graph = _as_graph(edge_index, num_nodes, edge_weight)
+        assignment = _check_assignment(assignment, graph.num_nodes, parts)
+        pieces = _pieces(graph, assignment, parts)
+        return cls(graph.num_nodes, parts, method, assignment, graph.symmetric, pieces,
+                   time.perf_counter() - began)
+
+    # ------------------------------------------------------------------ queries --
+    def _rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.parts:
+            raise ValueError(f"rank must be an integer in 0..{self.parts - 1} (this partition "
+                             f"has {self.parts} parts), got {rank!r}")
+        return rank
+
+    def piece(self, rank: int) -> Dict[str, Tensor]:
+        """Rank ``rank``'s tensors (see the class docstring)."""
+        return self.pieces[self._rank(rank)]
+
+    def owned(self, rank: int) -> Tensor:
+        """The global ids of the nodes ``rank`` owns, ascending."""
+        return self.piece(rank)["owned"]
+
+    def halo(self, rank: int) -> Tensor:
+        """The global ids of the remote nodes ``rank``'s rows read, in local (owner, id)
+        order."""
+        return self.piece(rank)["halo"]
+
+    @property
+    def num_entries(self) -> int:
+        return sum(int(p["col"].numel()) for p in self.pieces)
+
+    def stats(self, h: int = 64, dtype: torch.dtype = torch.float32) -> dict:
+        """Sizes per rank and the traffic of one sweep: each sweep moves every halo row once
+        (h values of ``dtype``), forward and adjoint alike (the adjoint sends the same rows
+        back). ``halo_fraction``: halo rows over all nodes; ``cut_entries``: CSR entries that
+        read a halo row."""
+        item = torch.empty(0, dtype=dtype).element_size()
+        owned = [int(p["owned"].numel()) for p in self.pieces]
+        halo = [int(p["halo"].numel()) for p in self.pieces]
+        entries = [int(p["col"].numel()) for p in self.pieces]
+        cut = [int((p["col"].long() >= p["owned"].numel()).sum()) for p in self.pieces]
+        sent = [int(p["send_counts"].sum()) * h * item for p in self.pieces]
+        received = [n * h * item for n in halo]
+        total_halo = sum(halo)
+        return {
+            "parts": self.parts, "method": self.method, "num_nodes": self.num_nodes,
+            "num_entries": sum(entries), "symmetric": self.symmetric,
+            "owned_nodes": owned, "entries": entries, "halo_nodes": halo,
+            "halo_total": total_halo,
+            "halo_fraction": total_halo / self.num_nodes if self.num_nodes else 0.0,
+            "cut_entries": cut, "cut_fraction": sum(cut) / max(sum(entries), 1),
+            "h": h, "dtype": str(dtype).replace("torch.", ""),
+            "bytes_per_sweep": total_halo * h * item,
+            "bytes_sent_per_rank": sent, "bytes_received_per_rank": received,
+            "partition_seconds": self.seconds,
+        }
+
+    # ------------------------------------------------------------------ storage --
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Writes the partition to ``path`` (torch.save; :meth:`load` reads it back)."""
+        torch.save({"format": _FORMAT, "num_nodes": self.num_nodes, "parts": self.parts,
+                    "method": self.method, "symmetric": self.symmetric,
+                    "seconds": self.seconds, "assignment": self.assignment,
+                    "pieces": self.pieces}, os.fspath(path))
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "GraphPartition":
+        """A partition written by :meth:`save`. The file is memory-mapped, so that a rank
+        reads only its own piece of a large graph."""
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no partition file at {path!r}; write one with "
+                                    f"partition(...).save(path)")
+        data = torch.load(path, mmap=True, weights_only=True)
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError(f"{path!r} is not a partition written by GraphPartition.save "
+                             f"(format {_FORMAT}); partition the graph again and save it")
+        return cls(data["num_nodes"], data["parts"], data["method"], data["assignment"],
+                   data["symmetric"], data["pieces"], data["seconds"])
+
+    def __repr__(self) -> str:
+        return (f"GraphPartition(num_nodes={self.num_nodes}, parts={self.parts}, "
+                f"method={self.method!r}, halo={[int(p['halo'].numel()) for p in self.pieces]})")
+
+
+def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
+              method: str = "contiguous", edge_weight: Optional[Tensor] = None,
+              seed: int = 0) -> GraphPartition:
+    """Splits the nodes of a graph (``edge_index`` in PyG's convention, or a
+    :class:`~dignn_kernels.graph.CSRGraph` from :func:`~dignn_kernels.build_graph`) over
+    ``parts`` ranks: ``method="contiguous"`` (blocks of consecutive ids of about equal work) or
+    ``"metis"`` (METIS through the optional ``pymetis``: fewer halo rows on graphs whose ids
+    do not follow their communities; ``seed`` is METIS's)."""
+    parts = _check_parts(parts)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    began = time.perf_counter()
+    graph = _as_graph(edge_index, num_nodes, edge_weight)
+    if method == "metis":
+        assignment = metis_assignment(graph, parts, seed)
+    else:
+        assignment = contiguous_assignment(graph, parts)
+    pieces = _pieces(graph, assignment, parts)
+    return GraphPartition(graph.num_nodes, parts, method, assignment, graph.symmetric, pieces,
+                          time.perf_counter() - began)
+
+
+# ----------------------------------------------------------------------- helpers --
+
+def _as_graph(edge_index, num_nodes, edge_weight) -> CSRGraph:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
+        raise ValueError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
+    if isinstance(edge_index, CSRGraph):
+        if edge_weight is not None:
+            raise ValueError("edge_weight goes into the CSRGraph: pass it to build_graph, not "
+                             "with a prebuilt graph")
+        if edge_index.num_nodes != num_nodes:
+            raise ValueError(f"the CSRGraph has {edge_index.num_nodes} nodes but num_nodes="
+                             f"{num_nodes}")
+        graph = edge_index.check()
+    else:
+        graph = build_graph(edge_index, num_nodes, edge_weight)
+    if graph.device.type != "cpu":
+        raise ValueError(f"partition on the CPU: the graph is on {graph.device}; pass "
+                         f"edge_index.cpu() (DistributedGraph moves each piece to its device)")
+    return graph
+
+
+def _check_assignment(assignment, num_nodes: int, parts: int) -> Tensor:
+    if not isinstance(assignment, Tensor) or assignment.dim() != 1 or \
+            assignment.numel() != num_nodes or assignment.is_floating_point():
+        raise ValueError(f"assignment must be an integer tensor of shape [{num_nodes}] (the "
+                         f"rank of every node), got "
+                         f"{list(assignment.shape) if isinstance(assignment, Tensor) else assignment!r}")
+    assignment = assignment.long().cpu()
+    if num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= parts):
+        raise ValueError(f"assignment holds ranks {int(assignment.min())}.."
+                         f"{int(assignment.max())}, outside 0..{parts - 1} (parts={parts})")
+    return assignment
+
+
+def _pieces(graph: CSRGraph, assignment: Tensor, parts: int) -> List[Dict[str, Tensor]]:
+    n = graph.num_nodes
+    rowptr, col, value = graph.rowptr, graph.col.long(), graph.value
+    local_id = torch.full((n,), -1, dtype=torch.int64)
+    owned_of = [torch.nonzero(assignment == r).flatten() for r in range(parts)]
+    pieces = []
+    for r in range(parts):
+        owned = owned_of[r]
+        pos = _segments(rowptr, owned)
+        cols = col[pos]
+        remote = cols[assignment[cols] != r]
+        halo = torch.unique(remote)
+        halo = halo[torch.argsort(assignment[halo] * max(n, 1) + halo)]
+        n_own, n_halo = owned.numel(), halo.numel()
+        local_id[owned] = torch.arange(n_own)
+        local_id[halo] = torch.arange(n_own, n_own + n_halo)
+        counts = rowptr[owned + 1] - rowptr[owned]
+        local_rowptr = torch.zeros(n_own + n_halo + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=local_rowptr[1:n_own + 1])
+        local_rowptr[n_own + 1:] = local_rowptr[n_own]
+        index_dtype = torch.int32 if n_own + n_halo < 2**31 - 1 else torch.int64
+        pieces.append({
+            "owned": owned, "halo": halo, "rowptr": local_rowptr,
+            "col": local_id[cols].to(index_dtype), "value": value[pos].clone(),
+            "degree": graph.degree[torch.cat([owned, halo])].clone(),
+            "recv_counts": torch.bincount(assignment[halo], minlength=parts),
+        })
+        local_id[owned] = -1
+        local_id[halo] = -1
+    # rank s sends to r the rows of r's halo that s owns, in r's halo order
+    for s in range(parts):
+        index, counts = [], []
+        for r in range(parts):
+            halo = pieces[r]["halo"]
+            wanted = halo[assignment[halo] == s]
+            index.append(torch.searchsorted(owned_of[s], wanted))
+            counts.append(wanted.numel())
+        pieces[s]["send_index"] = torch.cat(index) if index else torch.zeros(0, dtype=torch.int64)
+        pieces[s]["send_counts"] = torch.tensor(counts, dtype=torch.int64)
+    return pieces
