@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None,
                       help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
                            "GPU cuda, or triton for graphs of 2M CSR entries and more)")
+    over.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                      help="the model's parameters and features (default float32; float64 "
+                           "to compare runs to rounding, e.g. distributed against one process)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")

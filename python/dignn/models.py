@@ -44,15 +44,16 @@ ADJ_NORMS = ("none", "rw", "sym")
 DIGNN_LAPLACIANS = ("neural", "rw")
 
 
-def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none") -> Tensor:
+def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none",
+                     dtype: torch.dtype = torch.float32) -> Tensor:
     """The adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
     messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper).
     Duplicate edges count once. ``norm``: ``"none"`` (binary A, the paper's), ``"rw"``
-    (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2)."""
+    (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2); values of ``dtype``."""
     _check_choice("norm", norm, ADJ_NORMS)
     key = torch.unique(edge_index[1].long() * num_nodes + edge_index[0].long())
     rows, cols = key // num_nodes, key % num_nodes
-    values = torch.ones(key.numel(), dtype=torch.float32, device=edge_index.device)
+    values = torch.ones(key.numel(), dtype=dtype, device=edge_index.device)
     if norm != "none":
         deg = torch.zeros(num_nodes, device=values.device).index_add_(0, rows, values)
         inv = deg.clamp_min(1.0).reciprocal()
@@ -242,10 +243,11 @@ class DIGNNNodeClassifier(nn.Module):
         versions = (_version(x), _version(edge_index))
         if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
                 refs[2] != versions:
-            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm).to(x.device)
+            dtype = self.lin_in.weight.dtype
+            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm, dtype).to(x.device)
             if self.input_unit == "adj":
                 dense_x = x.to_dense() if x.layout != torch.strided else x
-                feats = torch.sparse.mm(adj, dense_x.float())
+                feats = torch.sparse.mm(adj, dense_x.to(dtype))
             else:
                 feats = adj
             self._graph_refs = (weakref.ref(x), weakref.ref(edge_index), versions)
@@ -280,6 +282,7 @@ class DIGNNNodeClassifier(nn.Module):
         shard = edge_index if isinstance(edge_index, NodeShard) else None
         if shard is None:
             self._check_inputs(x, edge_index)
+        x = x.to(self.lin_in.weight.dtype)  # a no-op when the features are of the model's
         if self.input_unit == "linkx":
             h = self.linkx(x, self._input_graph(x, edge_index), shard)
             h = _dropout_any(h, self.dropout, self.training, shard)
@@ -342,7 +345,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.classifier = nn.Linear(hidden, num_classes)
 
     def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = F.dropout(F.relu(self.lin_in(x.float())), self.dropout, self.training)
+        h = F.dropout(F.relu(self.lin_in(x.to(self.lin_in.weight.dtype))), self.dropout,
+                      self.training)
         return self.norm_in(h)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor,

@@ -188,6 +188,8 @@ def build_model(dataset: Dataset, config: TrainConfig):
     study), which bounds lambda_max (Theorem "Spectral Range of Delta_Phi"). The multi-label
     task across graphs takes the ``mlp`` input unit only (appendix "Model architectures": a
     1-layer MLP for node classification on homophilic graphs, PPI included)."""
+    if config.dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {config.dtype!r}")
     common = dict(laplacian=config.laplacian, mu=config.mu, max_iter=config.max_iter,
                   tol=config.tol, dropout=config.dropout, backend=config.backend,
                   solver=config.solver)
@@ -216,7 +218,7 @@ def build_model(dataset: Dataset, config: TrainConfig):
         from torch.nn.utils.parametrizations import spectral_norm
         spectral_norm(model.diffusion.theta_chi)
         spectral_norm(model.diffusion.theta_phi)
-    return model
+    return model.to(getattr(torch, config.dtype))
 
 
 @dataclass
@@ -553,7 +555,7 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
     dataset = dataset.to(device)
     model, opt = _split_setup(dataset, config, split, device, compile_model)
     s = dataset.splits[split]
-    x, y, ei = dataset.x, dataset.y, dataset.edge_index
+    x, y, ei = dataset.x.to(getattr(torch, config.dtype)), dataset.y, dataset.edge_index
     sets = _NodeSets(s)
     lam_start = _spectral(model, x, ei, f"{dataset.name} split {split}, at initialization")
     sel = _Selector(model, device, config.patience, TASK_METRICS["node"])
