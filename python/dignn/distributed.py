@@ -262,7 +262,8 @@ def shard_node_dataset(dataset: NodeDataset, graph, config: TrainConfig,
         x_nnz = x.values().numel()
         x_owned = torch.sparse_coo_tensor(
             torch.stack([rows[x_entries], x.indices()[1][x_entries]]),
-            x.values()[x_entries], (owned.numel(), x.size(1)), is_coalesced=True)
+            x.values()[x_entries], (owned.numel(), x.size(1)), is_coalesced=True,
+            check_invariants=False)
     else:
         x_owned = x[owned]
     features = None
@@ -273,7 +274,7 @@ def shard_node_dataset(dataset: NodeDataset, graph, config: TrainConfig,
         rows = position[adj.indices()[0][keep]]
         owned_adj = torch.sparse_coo_tensor(torch.stack([rows, adj.indices()[1][keep]]),
                                             adj.values()[keep], (owned.numel(), n),
-                                            is_coalesced=True)
+                                            is_coalesced=True, check_invariants=False)
         if config.input_unit == "adj":
             dense_x = dataset.x.to_dense() if dataset.x.layout != torch.strided else dataset.x
             features = torch.sparse.mm(owned_adj, dense_x.cpu().to(dtype))
