@@ -444,3 +444,10 @@ def test_a_failed_rank_stops_the_others_within_the_timeout(tmp_path, mode):
     assert ranks[0].returncode != 0
     assert "dignn train: error: rank 0 of 2" in err
     assert waited < 120  # startup and data included; the collective waits at most 15 s
+
+
+def test_distributed_trains_node_tasks_only():
+    from types import SimpleNamespace
+    from dignn.distributed import check_node_task
+    with pytest.raises(ValueError, match="mutag is a graph dataset: train it without"):
+        check_node_task(SimpleNamespace(task="graph", name="mutag"))

@@ -137,7 +137,9 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                          "process)")
     dd.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                     help="the most any collective may wait (default 300): when a process "
-                         "dies, the others stop with an error within it instead of hanging")
+                         "dies or hangs, the others stop with an error within it instead of "
+                         "waiting forever; it also bounds the wait for rank 0 to prepare the "
+                         "dataset's cache and the partition")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,22 +327,54 @@ def _sweep_work(dataset, hidden: int) -> int:
     return int(per_graph * 128 * hidden)
 
 
-def peak_memory(device) -> dict:
-    """The process's peak resident memory (GB) and, on a GPU, torch's peak allocation there."""
+def peak_memory(device, training: Optional[dict] = None) -> dict:
+    """The process's peak resident memory (GB) and, on a GPU, torch's peak allocation there.
+    ``training``: what :func:`_start_training_memory` returned: then also the resident
+    memory when training began and its peak during training (``training_*``)."""
     import resource
     import torch
-    out = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out = {"peak_rss_gb": round(max(peak, (training or {}).get("peak_before_gb", 0.0)), 3)}
+    if training is not None:
+        out.update(training_start_rss_gb=training["start_gb"],
+                   training_peak_rss_gb=_proc_status_gb("VmHWM"))
     if getattr(device, "type", None) == "cuda":
         out["peak_cuda_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30,
                                               3)
     return out
 
 
+def _proc_status_gb(key: str) -> Optional[float]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return round(int(line.split()[1]) / 2**20, 3)
+    except OSError:
+        pass
+    return None
+
+
+def _start_training_memory() -> Optional[dict]:
+    """Restarts the count of the peak resident memory (Linux: /proc/self/clear_refs), so that
+    the peak of training shows apart from that of loading the data; None where it cannot."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    start = _proc_status_gb("VmRSS")
+    return None if start is None else {"peak_before_gb": before, "start_gb": start}
+
+
 def _write_record(args, record: dict, preset: str, seconds: float, device) -> None:
     """Writes a run's JSON to ``--json`` with what reproduces and sizes it: the preset, the
     exact command, the wall time and the peak memory."""
     record.update(preset=preset, wall_seconds=round(seconds, 2),
-                  command="dignn " + shlex.join(args.argv), **peak_memory(device))
+                  command="dignn " + shlex.join(args.argv),
+                  **peak_memory(device, getattr(args, "training_memory", None)))
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
@@ -421,6 +455,7 @@ def _train(args) -> int:
     try:
         code = _train_run(args, (rank, world, device))
     except RuntimeError as err:  # a collective failed: a peer died or timed out
+        sys.stdout.flush()
         print(f"dignn train: error: rank {rank} of {world}: {err}", file=sys.stderr,
               flush=True)
         os._exit(1)  # the process group's teardown could wait on the dead peer
@@ -490,6 +525,7 @@ def _train_run(args, distributed=None) -> int:
               f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, "
               f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
+    args.training_memory = _start_training_memory()
     try:
         run = train(dataset, config, args.splits, progress=args.progress and not quiet,
                     on_split=report, device=device, compile_model=args.compile,
@@ -520,7 +556,7 @@ def _train_run(args, distributed=None) -> int:
               f"accuracy of any epoch, averaged over folds as the paper's authors' code "
               f"reports it: {100 * sum(peak) / len(peak):.2f} %")
     if distributed is not None:
-        memory = _gather_objects(peak_memory(device))
+        memory = _gather_objects(peak_memory(device, args.training_memory))
     if args.json and not quiet:
         record = run.to_json()
         record["protocol"] = args.protocol
@@ -562,11 +598,8 @@ def _load_in_turn(args, distributed):
 def _distributed_fit(args, dataset, config, distributed):
     """The :class:`dignn.distributed.DistributedRun` of this rank (partitioning the graph, or
     reading ``--partition-file``)."""
-    from .distributed import DistributedRun, load_partition
-    if dataset.task != "node":
-        raise ValueError(f"--distributed trains node classification (one graph split over the "
-                         f"processes); {dataset.name} is a {dataset.task} dataset: train it "
-                         f"without --distributed")
+    from .distributed import DistributedRun, check_node_task, load_partition
+    check_node_task(dataset)
     part = load_partition(dataset, distributed[1], args.partition, args.partition_file)
     return DistributedRun(dataset, config, part, distributed[2])
 

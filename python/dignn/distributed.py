@@ -47,7 +47,7 @@ from .models import DIGNNNodeClassifier, NodeShard, adjacency_matrix
 from .presets import TrainConfig
 
 __all__ = ["SyncedBatchNorm", "sync_batch_norms", "DistributedRun", "init_distributed",
-           "load_partition", "shard_node_dataset", "PARTITION_METHODS"]
+           "load_partition", "shard_node_dataset", "check_node_task", "PARTITION_METHODS"]
 
 PARTITION_METHODS = ("contiguous", "metis")
 
@@ -232,6 +232,14 @@ def load_partition(dataset: NodeDataset, parts: int, method: str = "contiguous",
 
 # ----------------------------------------------------------------------- the data --
 
+def check_node_task(dataset) -> None:
+    """Only node classification on one graph is trained across processes."""
+    if dataset.task != "node":
+        raise ValueError(f"--distributed trains node classification (one graph split over "
+                         f"the processes); {dataset.name} is a {dataset.task} dataset: train "
+                         f"it without --distributed")
+
+
 @dataclass
 class ShardedNodes:
     """One rank's rows of a node dataset: ``x`` and ``y`` of the owned nodes, the ``shard``
@@ -307,10 +315,7 @@ class DistributedRun:
     def __init__(self, dataset: NodeDataset, config: TrainConfig, partition,
                  device: torch.device, group=None):
         from dignn_kernels.distributed import DistributedGraph
-        if dataset.task != "node":
-            raise ValueError(f"--distributed trains node classification (one graph split "
-                             f"over the processes); {dataset.name} is a {dataset.task} "
-                             f"dataset: train it without --distributed")
+        check_node_task(dataset)
         self.group, self.device = group, device
         self.rank = dist.get_rank(group)
         self.graph = DistributedGraph(partition, group=group, device=device)
