@@ -37,7 +37,8 @@ def _run(args, cwd, timeout=300, **kw):
 
 # ------------------------------------------------------------------- python -m dignn --
 
-def test_python_m_dignn_help_is_the_commands():
+def test_python_m_dignn_help_is_the_commands(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # the same width here and in the child
     proc = _run([sys.executable, "-m", "dignn", "--help"], cwd=Path.cwd())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == cli.build_parser().format_help()

@@ -439,11 +439,10 @@ def _checkpointing(args, write: bool = True):
 
 def _train(args) -> int:
     if not args.distributed:
-        for option in ("partition_file",):
-            if getattr(args, option) is not None:
-                print(f"dignn train: error: --{option.replace('_', '-')} applies to "
-                      f"--distributed runs", file=sys.stderr)
-                return 2
+        if args.partition_file is not None:
+            print("dignn train: error: --partition-file applies to --distributed runs",
+                  file=sys.stderr)
+            return 2
         return _train_run(args)
     import torch.distributed as dist
     from .distributed import init_distributed

@@ -18,9 +18,10 @@ Nothing inside an epoch is read back to the host: the metrics of each epoch, the
 validation score and
 the weights of the best epoch are kept on the device (the weights by a conditional copy), and
 the host reads one small vector every ``sync_every`` epochs for the progress bar and the
-patience test. The per-epoch training losses (of the training step, in training mode) are kept
-there too and read once, at the end, as ``SplitResult.train_loss_history``. Selection freezes at the epoch where patience runs out, so the result is the
-same as with a check after every epoch; at most ``sync_every - 1`` epochs are trained in vain.
+patience test. The per-epoch training losses (of the training step, in training mode) are
+kept there too and read once, at the end, as ``SplitResult.train_loss_history``. Selection
+freezes at the epoch where patience runs out, so the result is the same as with a check after
+every epoch; at most ``sync_every - 1`` epochs are trained in vain.
 
 With a :class:`Checkpointing`, the run's state is saved every ``every`` epochs and after each
 split: the model, the optimizer, the epoch, the split, the model selection's state (the best
@@ -378,8 +379,9 @@ def _progress(total: int, desc: str, enabled: bool):
 
 class _Selector:
     """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) and
-    the training step's loss are appended, the best (val score, val loss), its epoch and test score are updated with
-    ``torch.where``, and so are copies of the weights of the best epoch. The host reads
+    the training step's loss are appended, the best (val score, val loss), its epoch and test
+    score are updated with ``torch.where``, and so are copies of the weights of the best
+    epoch. The host reads
     nothing until :meth:`poll` (every few epochs) and :meth:`result` (once, at the end).
     ``metric`` names the score (:data:`TASK_METRICS`)."""
 
