@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from . import backends, solvers
 from .backends import available_backends
 from .distributed.graph import DistributedGraph
+from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 from .solvers import SOLVERS
 
@@ -69,9 +70,9 @@ class FusedImplicitDiffusion(nn.Module):
     from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
     ``SparseTensor`` (read as PyG's ``adj_t``), or a
     :class:`~dignn_kernels.distributed.DistributedGraph` (one rank's piece of a partitioned
-    graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed graph is cached while the same
-    tensors are passed again. Rows whose chi is 0 (isolated nodes, all-zero features) keep
-    z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve and
+    graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed
+    graph is cached while the same tensors are passed again. Rows whose chi is 0 (isolated
+    nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve and
     ``solver_used`` names the solver that ran; after a backward, ``backward_iterations`` and
     ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
     lambda_max(Delta)) gives a :class:`dignn_kernels.solvers.DivergenceWarning`.
@@ -282,7 +283,6 @@ class FusedImplicitDiffusion(nn.Module):
                              edge_weight: Optional[Tensor]) -> Tensor:
         """The owned rows of Z on one rank of a partitioned graph (x: the owned rows); see
         :mod:`dignn_kernels.distributed`."""
-        from .distributed.solve import distributed_forward
         return distributed_forward(self, x, graph, edge_weight)
 
     def extra_repr(self) -> str:

@@ -81,7 +81,8 @@ def run_case(case: dict, rank: int, world: int, group=None) -> dict:
     n = x.size(0)
     layer = make_layer(x.size(1), case["laplacian"], mu=case.get("mu"), h=case.get("h", 4),
                        dtype=dtype, solver=case["solver"], max_iter=case.get("max_iter", 8),
-                       tol=case.get("tol", 0.0), backend=case.get("backend", "auto"))
+                       tol=case.get("tol", 0.0), backend=case.get("backend", "auto"),
+                       check_every=case.get("check_every"))
     g = torch.Generator().manual_seed(7)
     seed_grad = torch.randn(x.shape, generator=g, dtype=dtype)
     # single process, whole graph

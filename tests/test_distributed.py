@@ -52,6 +52,13 @@ def _small_cases(world):
              solver="cg", backend="torch", max_iter=12),
         dict(name="sym_neural_fp_tol", graph="symmetric", laplacian="neural",
              solver="fixed_point", tol=1e-9, max_iter=60),
+        # the loops' device-only branches (as on a GPU): flags read every 3 sweeps, or never
+        dict(name="sym_neural_fp_check_every_3", graph="symmetric", laplacian="neural",
+             solver="fixed_point", tol=1e-9, max_iter=60, check_every=3),
+        dict(name="weighted_directed_anderson_check_never", graph="weighted_directed",
+             laplacian="neural", solver="anderson", check_every=0),
+        dict(name="sym_rw_cg_check_never", graph="symmetric", laplacian="rw", solver="cg",
+             max_iter=20, check_every=0),
     ]
     return [dict(case, world=world) for case in c]
 
@@ -108,7 +115,7 @@ def test_matches_single_process(compared, key):
         assert any(r["owned"] == 0 for r in per_rank)
     if case["name"] == "weighted_directed_cg_falls_back":
         assert per_rank[0]["solver_used"] == "anderson"
-    if case["name"] == "sym_neural_fp_tol":
+    if case["name"] in ("sym_neural_fp_tol", "sym_neural_fp_check_every_3"):
         assert per_rank[0]["iterations"][0] < case["max_iter"]  # stopped on the global test
 
 

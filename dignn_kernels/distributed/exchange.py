@@ -27,7 +27,8 @@ def _timeout(group) -> str:
     try:
         backend = dist.get_backend(group)
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        return f"{pg._get_backend(torch.device('cpu' if backend == 'gloo' else 'cuda')).options._timeout}"
+        device = torch.device("cpu" if backend == "gloo" else "cuda")
+        return str(pg._get_backend(device).options._timeout)
     except Exception:  # private API: the message goes without the value
         return "the process group's timeout"
 

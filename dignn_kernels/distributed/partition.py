@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..graph import CSRGraph, build_graph
-from ..csr import csr_rows
+from ..csr import csr_rows, diagonal_index
 
 __all__ = ["GraphPartition", "partition", "METHODS"]
 
@@ -76,6 +76,39 @@ def _metis_index_dtype(pymetis) -> torch.dtype:
     return torch.int64 if pymetis.zero_copy_dtype() == np.dtype(np.int64) else torch.int32
 
 
+def _metis_adjacency(graph: CSRGraph):
+    """(xadj, adjncy) of the symmetrized graph without self-loops: the CSR itself when W is
+    symmetric (only its self-loops dropped), else the union of both directions."""
+    n = graph.num_nodes
+    if graph.symmetric:
+        diag = diagonal_index(graph.rowptr, graph.col)
+        has_loop = diag >= 0
+        if not bool(has_loop.any()):
+            return graph.rowptr, graph.col
+        keep = torch.ones(graph.num_edges, dtype=torch.bool)
+        keep[diag[has_loop]] = False
+        counts = (graph.rowptr[1:] - graph.rowptr[:-1]) - has_loop.long()
+        xadj = torch.zeros(n + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=xadj[1:])
+        return xadj, graph.col[keep]
+    rows = csr_rows(graph.rowptr, graph.num_edges)
+    cols = graph.col.long()
+    keep = rows != cols
+    lo = torch.minimum(rows[keep], cols[keep])
+    hi = torch.maximum(rows[keep], cols[keep])
+    del rows, cols, keep
+    key = torch.unique(lo * n + hi)
+    lo, hi = key // n, key % n
+    del key
+    src = torch.cat([lo, hi])
+    dst = torch.cat([hi, lo])
+    del lo, hi
+    order = torch.argsort(src * n + dst)
+    xadj = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(src, minlength=n), 0, out=xadj[1:])
+    return xadj, dst[order]
+
+
 def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
     """METIS (k-way, through pymetis) on the symmetrized graph without self-loops, vertex
     weights 1 + the row's CSR entries so that the ranks' sweeps take about equal time; edge
@@ -88,26 +121,11 @@ def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
         return torch.zeros(n, dtype=torch.int64)
     if parts >= n:  # one node per rank (METIS rejects more parts than vertices)
         return torch.arange(n, dtype=torch.int64)
-    rows = csr_rows(graph.rowptr, graph.num_edges)
-    cols = graph.col.long()
-    keep = rows != cols
-    lo = torch.minimum(rows[keep], cols[keep])
-    hi = torch.maximum(rows[keep], cols[keep])
-    key = torch.unique(lo * n + hi)
-    lo, hi = key // n, key % n
-    del key
-    src = torch.cat([lo, hi])
-    dst = torch.cat([hi, lo])
-    del lo, hi
-    order = torch.argsort(src * n + dst)
     index = _metis_index_dtype(pymetis)
-    adjncy = dst[order].to(index)
-    xadj = torch.zeros(n + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(src, minlength=n), 0, out=xadj[1:])
-    del src, dst, order
+    xadj, adjncy = _metis_adjacency(graph)
     vweights = _row_cost(graph).to(index)
     options = pymetis.Options(seed=seed)
-    adjacency = pymetis.CSRAdjacency(xadj.to(index).numpy(), adjncy.numpy())
+    adjacency = pymetis.CSRAdjacency(xadj.to(index).numpy(), adjncy.to(index).numpy())
     _, membership = pymetis.part_graph(parts, adjacency, vweights=vweights.numpy(),
                                        options=options)
     return torch.as_tensor(membership, dtype=torch.int64)
@@ -277,9 +295,9 @@ def _as_graph(edge_index, num_nodes, edge_weight) -> CSRGraph:
 def _check_assignment(assignment, num_nodes: int, parts: int) -> Tensor:
     if not isinstance(assignment, Tensor) or assignment.dim() != 1 or \
             assignment.numel() != num_nodes or assignment.is_floating_point():
+        got = list(assignment.shape) if isinstance(assignment, Tensor) else repr(assignment)
         raise ValueError(f"assignment must be an integer tensor of shape [{num_nodes}] (the "
-                         f"rank of every node), got "
-                         f"{list(assignment.shape) if isinstance(assignment, Tensor) else assignment!r}")
+                         f"rank of every node), got {got}")
     assignment = assignment.long().cpu()
     if num_nodes and (int(assignment.min()) < 0 or int(assignment.max()) >= parts):
         raise ValueError(f"assignment holds ranks {int(assignment.min())}.."
@@ -316,12 +334,14 @@ def _pieces(graph: CSRGraph, assignment: Tensor, parts: int) -> List[Dict[str, T
         })
         local_id[owned] = -1
         local_id[halo] = -1
-    # rank s sends to r the rows of r's halo that s owns, in r's halo order
+    # rank s sends to r the rows of r's halo that s owns (one block of it: the halo is sorted
+    # by owner), in r's halo order
+    offsets = [torch.cumsum(p["recv_counts"], 0).tolist() for p in pieces]
     for s in range(parts):
         index, counts = [], []
         for r in range(parts):
-            halo = pieces[r]["halo"]
-            wanted = halo[assignment[halo] == s]
+            hi = offsets[r][s]
+            wanted = pieces[r]["halo"][hi - int(pieces[r]["recv_counts"][s]):hi]
             index.append(torch.searchsorted(owned_of[s], wanted))
             counts.append(wanted.numel())
         pieces[s]["send_index"] = torch.cat(index) if index else torch.zeros(0, dtype=torch.int64)

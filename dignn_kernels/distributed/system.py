@@ -10,10 +10,13 @@ Each map is a halo exchange followed by the backend's row pass on the padded loc
   halo row, this rank's share of that remote node's sum; the reverse plan sends the shares to
   their owners, which add them (the transposed plan; the same for symmetric and directed W).
 
-Why the exchange does not overlap the interior rows' pass: every backend's row pass is one
-call over all rows of a square CSR; overlapping would split it into interior and boundary
-passes over two CSRs, each re-reading the dense terms of all rows, and on the CPU (gloo) the
-exchange runs on the same cores as the pass, so there is nothing to hide it behind.
+Why the exchange does not overlap the interior rows' pass (not done): every backend's row
+pass is one call over all rows of a square CSR, so overlapping would need a second CSR of the
+boundary rows and a row pass that writes a subset of rows, a change to every backend's pass
+interface, not a simple one. On the CPU (gloo) it would gain nothing: the exchange runs on the
+same cores as the pass. On GPUs (NCCL) it would pay where the exchange is a large share of
+the sweep (many halo rows per owned row, e.g. the 8-part partitions measured in
+bench/results/distributed_halo.json).
 """
 from __future__ import annotations
 
