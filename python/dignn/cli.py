@@ -13,7 +13,9 @@ mean validation accuracy and reports only that setting's test accuracy. ``--prot
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
+import os
 import shlex
 import sys
 import time
@@ -103,6 +105,43 @@ def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
                    help=f"progress bars on stderr (default: {'on' if progress_default else 'off'})")
 
 
+def _add_train_only_args(t: argparse.ArgumentParser) -> None:
+    """Options of ``dignn train`` that ``dignn sweep`` does not take: checkpoints and
+    training across processes."""
+    ck = t.add_argument_group("checkpoints")
+    ck.add_argument("--checkpoint", metavar="PATH", default=None,
+                    help="save the run's state to PATH (replaced atomically): model, "
+                         "optimizer, epoch, split, model selection, random generators and "
+                         "the finished splits' results")
+    ck.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="K",
+                    help="with --checkpoint: save every K epochs (default 10) and after each "
+                         "split")
+    ck.add_argument("--resume", action="store_true",
+                    help="with --checkpoint: continue the run saved there (same dataset, "
+                         "settings and splits); the per-epoch losses are those of the "
+                         "uninterrupted run")
+    dd = t.add_argument_group("training across processes (torchrun)")
+    dd.add_argument("--distributed", action="store_true",
+                    help="train the node model full-graph over the processes torchrun "
+                         "starts (torchrun --nproc-per-node N -m dignn train --distributed "
+                         "...): each owns a part of the nodes; gloo on the CPU, NCCL on GPUs "
+                         "(one per process, by LOCAL_RANK); rank 0 prints and writes --json "
+                         "and --checkpoint")
+    dd.add_argument("--partition", choices=["contiguous", "metis"], default="contiguous",
+                    help="how the nodes are split over the processes: contiguous blocks of "
+                         "about equal work (default) or METIS (needs pymetis: pip install "
+                         "pymetis)")
+    dd.add_argument("--partition-file", metavar="PATH", default=None,
+                    help="read the partition from PATH, or write it there when missing, so "
+                         "that a big graph is partitioned once (it must have one part per "
+                         "process)")
+    dd.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="the most any collective may wait (default 300): when a process "
+                         "dies or hangs, the others stop with an error within it instead of "
+                         "waiting forever; it also bounds the wait for rank 0 to prepare the "
+                         "dataset's cache and the partition")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
     from .catalog import BACKENDS, DATASETS, SOLVERS
@@ -179,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None,
                       help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
                            "GPU cuda, or triton for graphs of 2M CSR entries and more)")
+    over.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                      help="the model's parameters and features (default float32; float64 "
+                           "to compare runs to rounding, e.g. distributed against one process)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")
@@ -206,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write every setting's overrides, per-split validation accuracies, "
                         "their mean and std, best epochs and seconds, the chosen setting and "
                         "its test accuracies, the command, device, wall time and peak memory")
+
+    _add_train_only_args(t)
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
     psub = p.add_subparsers(dest="figure", required=True)
@@ -283,22 +327,54 @@ def _sweep_work(dataset, hidden: int) -> int:
     return int(per_graph * 128 * hidden)
 
 
-def peak_memory(device) -> dict:
-    """The process's peak resident memory (GB) and, on a GPU, torch's peak allocation there."""
+def peak_memory(device, training: Optional[dict] = None) -> dict:
+    """The process's peak resident memory (GB) and, on a GPU, torch's peak allocation there.
+    ``training``: what :func:`_start_training_memory` returned: then also the resident
+    memory when training began and its peak during training (``training_*``)."""
     import resource
     import torch
-    out = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out = {"peak_rss_gb": round(max(peak, (training or {}).get("peak_before_gb", 0.0)), 3)}
+    if training is not None:
+        out.update(training_start_rss_gb=training["start_gb"],
+                   training_peak_rss_gb=_proc_status_gb("VmHWM"))
     if getattr(device, "type", None) == "cuda":
         out["peak_cuda_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30,
                                               3)
     return out
 
 
+def _proc_status_gb(key: str) -> Optional[float]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return round(int(line.split()[1]) / 2**20, 3)
+    except OSError:
+        pass
+    return None
+
+
+def _start_training_memory() -> Optional[dict]:
+    """Restarts the count of the peak resident memory (Linux: /proc/self/clear_refs), so that
+    the peak of training shows apart from that of loading the data; None where it cannot."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    start = _proc_status_gb("VmRSS")
+    return None if start is None else {"peak_before_gb": before, "start_gb": start}
+
+
 def _write_record(args, record: dict, preset: str, seconds: float, device) -> None:
     """Writes a run's JSON to ``--json`` with what reproduces and sizes it: the preset, the
     exact command, the wall time and the peak memory."""
     record.update(preset=preset, wall_seconds=round(seconds, 2),
-                  command="dignn " + shlex.join(args.argv), **peak_memory(device))
+                  command="dignn " + shlex.join(args.argv),
+                  **peak_memory(device, getattr(args, "training_memory", None)))
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
@@ -349,30 +425,90 @@ def _load(args):
     return load_dataset(args.dataset, args.data_root, args.cache_dir, **extra)
 
 
+def _checkpointing(args, write: bool = True):
+    """The :class:`~dignn.training.Checkpointing` of ``--checkpoint``, ``--checkpoint-every``
+    and ``--resume`` (None without ``--checkpoint``)."""
+    from .training import Checkpointing
+    if args.checkpoint is None:
+        if args.resume or args.checkpoint_every is not None:
+            raise ValueError("--resume and --checkpoint-every need --checkpoint PATH (the "
+                             "checkpoint file)")
+        return None
+    return Checkpointing(args.checkpoint, args.checkpoint_every or 10, args.resume, write)
+
+
 def _train(args) -> int:
+    if not args.distributed:
+        if args.partition_file is not None:
+            print("dignn train: error: --partition-file applies to --distributed runs",
+                  file=sys.stderr)
+            return 2
+        return _train_run(args)
+    import torch.distributed as dist
+    from .distributed import init_distributed
+    try:
+        rank, world, device = init_distributed(args.device, args.timeout)
+    except (ValueError, RuntimeError) as err:
+        print(f"dignn train: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        code = _train_run(args, (rank, world, device))
+    except RuntimeError as err:  # a collective failed: a peer died or timed out
+        sys.stdout.flush()
+        print(f"dignn train: error: rank {rank} of {world}: {err}", file=sys.stderr,
+              flush=True)
+        os._exit(1)  # the process group's teardown could wait on the dead peer
+    dist.destroy_process_group()
+    return code
+
+
+def _train_run(args, distributed=None) -> int:
+    """``dignn train`` in one process, or (``distributed``: (rank, world size, device)) on
+    one rank of a distributed run, where rank 0 alone prints and writes."""
     from .data import DatasetUnavailableError
     from .device import describe_device
     from .presets import preset_config
     from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
     from .training import train
-    device = _run_setup(args, "dignn train")
-    if device is None:
-        return 2
+    rank = 0 if distributed is None else distributed[0]
+    quiet = rank != 0
+
+    def print(*what, **how):  # noqa: A001 - rank 0 speaks for every rank
+        if not quiet or how.get("file") is sys.stderr:
+            builtins.print(*what, **how)
+
+    if distributed is None:
+        device = _run_setup(args, "dignn train")
+        if device is None:
+            return 2
+    else:
+        device = distributed[2]
     try:
+        checkpoint = _checkpointing(args, write=not quiet)
         key, preset_name = _preset_of(args)
         config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
         check_protocol_config(args.protocol, config)
         start = time.perf_counter()
-        dataset = apply_protocol(_load(args), args.protocol)
-    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
+        dataset = apply_protocol(_load_in_turn(args, distributed), args.protocol)
+        fit = None
+        if distributed is not None:
+            fit = _distributed_fit(args, dataset, config, distributed)
+    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError,
+            ImportError) as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
     if _backend_error(config, device):
         print(f"dignn train: error: {_backend_error(config, device)}", file=sys.stderr)
         return 2
-    threads = _set_threads(args, _sweep_work(dataset, config.hidden))
+    world = 1 if distributed is None else distributed[1]
+    threads = _set_threads(args, _sweep_work(dataset, config.hidden) // world)
     env = describe_device(device)
     print(f"{dataset.description}", flush=True)
+    if distributed is not None:
+        stats = fit.graph.partition.stats(config.hidden)
+        print(f"distributed over {world} processes ({fit.graph.partition.method} partition): "
+              f"owned nodes {stats['owned_nodes']}, halo nodes {stats['halo_nodes']}, "
+              f"{stats['bytes_per_sweep'] / 2**20:.2f} MiB exchanged per sweep", flush=True)
     print(f"device {env['device']} ({env['device_name']}), torch {env['torch']}, {threads}",
           flush=True)
     shown = {k: v for k, v in config.as_dict().items()
@@ -388,9 +524,11 @@ def _train(args) -> int:
               f", best epoch {r.best_epoch}/{r.epochs_run}, {r.seconds:.1f} s, "
               f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
+    args.training_memory = _start_training_memory()
     try:
-        run = train(dataset, config, args.splits, progress=args.progress, on_split=report,
-                    device=device, compile_model=args.compile, sync_every=args.sync_every)
+        run = train(dataset, config, args.splits, progress=args.progress and not quiet,
+                    on_split=report, device=device, compile_model=args.compile,
+                    sync_every=args.sync_every, checkpoint=checkpoint, fit=fit)
     except ValueError as err:
         print(f"dignn train: error: {err}", file=sys.stderr)
         return 2
@@ -416,15 +554,53 @@ def _train(args) -> int:
         print(f"  for comparison only (test-set selection, not an estimate): the best test "
               f"accuracy of any epoch, averaged over folds as the paper's authors' code "
               f"reports it: {100 * sum(peak) / len(peak):.2f} %")
-    if args.json:
+    if distributed is not None:
+        memory = _gather_objects(peak_memory(device, args.training_memory))
+    if args.json and not quiet:
         record = run.to_json()
         record["protocol"] = args.protocol
         if args.protocol == "gin":  # per-fold selection on the held-out folds is not kept
             for name in ("val_acc", "best_epoch"):
                 record.pop(name)
             record.update(cv.to_json())
+        if distributed is not None:
+            record["distributed"] = {"world_size": world, "partition": stats,
+                                     "peak_memory_per_rank": memory}
         _write_record(args, record, preset_name, total, device)
     return 0
+
+
+def _gather_objects(value) -> list:
+    """``value`` of every rank, in rank order (on every rank)."""
+    import torch.distributed as dist
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _load_in_turn(args, distributed):
+    """:func:`_load`; across processes rank 0 first (it may prepare the cache, which the others
+    then read), the others after it."""
+    if distributed is None:
+        return _load(args)
+    import torch.distributed as dist
+    if distributed[0] == 0:
+        try:
+            dataset = _load(args)
+        finally:
+            dist.barrier()
+        return dataset
+    dist.barrier()
+    return _load(args)
+
+
+def _distributed_fit(args, dataset, config, distributed):
+    """The :class:`dignn.distributed.DistributedRun` of this rank (partitioning the graph, or
+    reading ``--partition-file``)."""
+    from .distributed import DistributedRun, check_node_task, load_partition
+    check_node_task(dataset)
+    part = load_partition(dataset, distributed[1], args.partition, args.partition_file)
+    return DistributedRun(dataset, config, part, distributed[2])
 
 
 def _settings_table(result) -> List[str]:

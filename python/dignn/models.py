@@ -18,11 +18,17 @@ Graph classification (batched PyG graphs)::
 Dropout follows every layer. The implicit layer's input ``X~`` is what the spectral check
 (:mod:`dignn.spectral`) measures Delta on; :meth:`DIGNNNodeClassifier.diffusion_input` returns
 it.
+
+Across processes (:mod:`dignn.distributed`), a node classifier takes a :class:`NodeShard` in
+place of ``edge_index`` and the owned rows of x: every layer then works on the owned rows, the
+input unit's A X or A are the owned rows computed once from the whole graph, and each dropout
+takes the owned rows of the mask the single-process model would draw for the whole graph.
 """
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,22 +37,23 @@ from torch import Tensor, nn
 from dignn_kernels import FusedImplicitDiffusion
 
 __all__ = ["INPUT_UNITS", "DIGNN_LAPLACIANS", "DIGNNNodeClassifier", "DIGNNGraphClassifier",
-           "adjacency_matrix"]
+           "adjacency_matrix", "NodeShard"]
 
 INPUT_UNITS = ("mlp", "adj", "linkx")
 ADJ_NORMS = ("none", "rw", "sym")
 DIGNN_LAPLACIANS = ("neural", "rw")
 
 
-def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none") -> Tensor:
+def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none",
+                     dtype: torch.dtype = torch.float32) -> Tensor:
     """The adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
     messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper).
     Duplicate edges count once. ``norm``: ``"none"`` (binary A, the paper's), ``"rw"``
-    (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2)."""
+    (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2); values of ``dtype``."""
     _check_choice("norm", norm, ADJ_NORMS)
     key = torch.unique(edge_index[1].long() * num_nodes + edge_index[0].long())
     rows, cols = key // num_nodes, key % num_nodes
-    values = torch.ones(key.numel(), dtype=torch.float32, device=edge_index.device)
+    values = torch.ones(key.numel(), dtype=dtype, device=edge_index.device)
     if norm != "none":
         deg = torch.zeros(num_nodes, device=values.device).index_add_(0, rows, values)
         inv = deg.clamp_min(1.0).reciprocal()
@@ -63,15 +70,53 @@ def _linear_any(layer: nn.Linear, x: Tensor) -> Tensor:
     return out + layer.bias if layer.bias is not None else out
 
 
-def _dropout_any(x: Tensor, p: float, training: bool) -> Tensor:
-    """Dropout of a dense or sparse COO tensor (a sparse one drops its stored values)."""
+@dataclass(eq=False)
+class NodeShard:
+    """One process's share of a graph whose nodes are split over processes
+    (:mod:`dignn.distributed`), passed to :meth:`DIGNNNodeClassifier.forward` in place of
+    ``edge_index`` together with the owned rows of x.
+
+    ``graph``: the implicit layer's graph (a ``dignn_kernels.distributed.DistributedGraph``);
+    ``index``: the global ids of the owned nodes, ascending (the rows of x here);
+    ``num_nodes``: of the whole graph; ``graph_features``: the owned rows of A X (input unit
+    ``adj``) or of A (``linkx``), None for ``mlp``; for a sparse x, ``x_entries``: the
+    positions of the owned rows' entries among the whole x's coalesced entries, and
+    ``x_nnz``: how many the whole x has."""
+
+    graph: Any
+    index: Tensor
+    num_nodes: int
+    graph_features: Optional[Tensor] = None
+    x_entries: Optional[Tensor] = None
+    x_nnz: int = 0
+
+
+def _dropout_any(x: Tensor, p: float, training: bool,
+                 shard: Optional[NodeShard] = None) -> Tensor:
+    """Dropout of a dense or sparse COO tensor (a sparse one drops its stored values). With a
+    ``shard``, ``x`` holds the owned rows (or, sparse, the owned rows' entries) of the whole
+    graph's tensor: the mask is the one ``F.dropout`` draws for the whole tensor on the CPU
+    (the same generator calls, so the generator stays in step with a single-process run), of
+    which the owned rows are taken."""
     if not training or p == 0.0:
         return x
-    if x.layout == torch.strided:
-        return F.dropout(x, p, True)
-    x = x.coalesce()
-    return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p, True), x.shape,
-                                   is_coalesced=True, check_invariants=False)
+    sparse = x.layout != torch.strided
+    if sparse:
+        x = x.coalesce()
+    values = x.values() if sparse else x
+    if shard is None:
+        dropped = F.dropout(values, p, True)
+    else:
+        shape = (shard.x_nnz,) if sparse else (shard.num_nodes,) + tuple(x.shape[1:])
+        noise = values.new_empty(shape)
+        if noise.numel() == 0:  # F.dropout draws nothing for an empty tensor
+            return x
+        noise.bernoulli_(1 - p).div_(1 - p)
+        dropped = values * noise[shard.x_entries if sparse else shard.index]
+    if not sparse:
+        return dropped
+    return torch.sparse_coo_tensor(x.indices(), dropped, x.shape, is_coalesced=True,
+                                   check_invariants=False)
 
 
 def _version(t: Tensor) -> int:
@@ -109,12 +154,13 @@ class LINKXInput(nn.Module):
         self.lin_out = nn.Linear(hidden, hidden)
         self.dropout = dropout
 
-    def forward(self, x: Tensor, adj: Tensor) -> Tensor:
-        x = _dropout_any(x, self.input_dropout, self.training)
+    def forward(self, x: Tensor, adj: Tensor, shard: Optional[NodeShard] = None) -> Tensor:
+        """``adj``: the rows of A of x's rows; ``shard``: see :class:`NodeShard`."""
+        x = _dropout_any(x, self.input_dropout, self.training, shard)
         h_a = _linear_any(self.lin_a, adj)
         h_x = _linear_any(self.lin_x, x)
         h = F.relu(self.lin_cat(torch.cat([h_a, h_x], dim=1)) + h_a + h_x)
-        h = F.dropout(h, self.dropout, self.training)
+        h = _dropout_any(h, self.dropout, self.training, shard)
         return self.lin_out(h)
 
 
@@ -144,7 +190,8 @@ class DIGNNNodeClassifier(nn.Module):
 
     ``forward(x, edge_index)`` returns logits [num_nodes, num_classes]. ``x`` may be a sparse
     CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
-    once per graph and cached.
+    once per graph and cached. ``forward(x_owned, shard)`` with a :class:`NodeShard` returns
+    the owned rows' logits on one process of a partitioned graph (:mod:`dignn.distributed`).
     """
 
     def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
@@ -196,10 +243,11 @@ class DIGNNNodeClassifier(nn.Module):
         versions = (_version(x), _version(edge_index))
         if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
                 refs[2] != versions:
-            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm).to(x.device)
+            dtype = self.lin_in.weight.dtype
+            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm, dtype).to(x.device)
             if self.input_unit == "adj":
                 dense_x = x.to_dense() if x.layout != torch.strided else x
-                feats = torch.sparse.mm(adj, dense_x.float())
+                feats = torch.sparse.mm(adj, dense_x.to(dtype))
             else:
                 feats = adj
             self._graph_refs = (weakref.ref(x), weakref.ref(edge_index), versions)
@@ -219,23 +267,38 @@ class DIGNNNodeClassifier(nn.Module):
                              f"x has {x.size(0)} rows")
 
     # ----------------------------------------------------------------------- forward --
-    def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
+    def _input_graph(self, x: Tensor, edge_index) -> Tensor:
+        """A X or A for the input unit: of the shard's owned rows, or of the whole graph."""
+        if isinstance(edge_index, NodeShard):
+            if edge_index.graph_features is None:
+                raise ValueError(f"input_unit={self.input_unit!r} needs the shard's rows of "
+                                 f"{'A X' if self.input_unit == 'adj' else 'A'}: build the "
+                                 f"NodeShard with graph_features (dignn.distributed does)")
+            return edge_index.graph_features
+        return self._graph_features(x, edge_index)
+
+    def diffusion_input(self, x: Tensor, edge_index) -> Tensor:
         """X~, the input of the implicit layer (after the batch norm)."""
-        self._check_inputs(x, edge_index)
+        shard = edge_index if isinstance(edge_index, NodeShard) else None
+        if shard is None:
+            self._check_inputs(x, edge_index)
+        x = x.to(self.lin_in.weight.dtype)  # a no-op when the features are of the model's
         if self.input_unit == "linkx":
-            h = self.linkx(x, self._graph_features(x, edge_index))
-            h = F.dropout(h, self.dropout, self.training)
+            h = self.linkx(x, self._input_graph(x, edge_index), shard)
+            h = _dropout_any(h, self.dropout, self.training, shard)
             h = self.lin_in(h)
         else:
-            h = self._graph_features(x, edge_index) if self.input_unit == "adj" else x
-            h = _linear_any(self.lin_in, _dropout_any(h, self.input_dropout, self.training))
-        h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = self._input_graph(x, edge_index) if self.input_unit == "adj" else x
+            h = _linear_any(self.lin_in,
+                            _dropout_any(h, self.input_dropout, self.training, shard))
+        h = _dropout_any(F.relu(h), self.dropout, self.training, shard)
         return self.norm_in(h)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+    def forward(self, x: Tensor, edge_index) -> Tensor:
+        shard = edge_index if isinstance(edge_index, NodeShard) else None
         h = self.diffusion_input(x, edge_index)
-        z = self.diffusion(h, edge_index)
-        z = F.dropout(self.norm_out(z), self.dropout, self.training)
+        z = self.diffusion(h, edge_index if shard is None else shard.graph)
+        z = _dropout_any(self.norm_out(z), self.dropout, self.training, shard)
         return self.classifier(z)
 
 
@@ -282,7 +345,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.classifier = nn.Linear(hidden, num_classes)
 
     def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = F.dropout(F.relu(self.lin_in(x.float())), self.dropout, self.training)
+        h = F.dropout(F.relu(self.lin_in(x.to(self.lin_in.weight.dtype))), self.dropout,
+                      self.training)
         return self.norm_in(h)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor,

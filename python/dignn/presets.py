@@ -43,6 +43,7 @@ class TrainConfig:
     backend: str = "auto"
     solver: str = "fixed_point"  # the implicit layer's solver: fixed_point (paper), cg, anderson
     spectral_norm: bool = False  # spectral normalization of Θχ, Θφ (the paper's mu study)
+    dtype: str = "float32"  # the model's parameters and features: float32 or float64
 
     def replace(self, **changes) -> "TrainConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

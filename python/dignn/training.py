@@ -18,16 +18,28 @@ Nothing inside an epoch is read back to the host: the metrics of each epoch, the
 validation score and
 the weights of the best epoch are kept on the device (the weights by a conditional copy), and
 the host reads one small vector every ``sync_every`` epochs for the progress bar and the
-patience test. Selection freezes at the epoch where patience runs out, so the result is the
-same as with a check after every epoch; at most ``sync_every - 1`` epochs are trained in vain.
+patience test. The per-epoch training losses (of the training step, in training mode) are
+kept there too and read once, at the end, as ``SplitResult.train_loss_history``. Selection
+freezes at the epoch where patience runs out, so the result is the same as with a check after
+every epoch; at most ``sync_every - 1`` epochs are trained in vain.
+
+With a :class:`Checkpointing`, the run's state is saved every ``every`` epochs and after each
+split: the model, the optimizer, the epoch, the split, the model selection's state (the best
+scores, the weights of the best epoch, the metric history), the random number generators
+(torch's CPU generator, the CUDA one of the device, the training batches' shuffling) and the
+results of the finished splits. ``train(..., checkpoint=Checkpointing(path, every,
+resume=True))`` continues from it; the per-epoch losses are then those of the uninterrupted
+run, bit for bit (tested).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -42,7 +54,7 @@ from .spectral import check_mu
 
 __all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
            "train_graph_split", "train_multilabel_split", "TASK_METRICS", "multilabel_counts",
-           "micro_f1", "train_graph_data"]
+           "micro_f1", "train_graph_data", "Checkpointing"]
 
 # The per-epoch metric vector: the task's score (see TASK_METRICS) and mean loss on the
 # train, validation and test sets.
@@ -101,6 +113,8 @@ class SplitResult:
     test_acc_max: float = float("nan")
     val_history: List[float] = field(default_factory=list, repr=False)  # per epoch
     test_history: List[float] = field(default_factory=list, repr=False)
+    # the training step's loss (training mode: dropout on) of every epoch, 1 to epochs_run
+    train_loss_history: List[float] = field(default_factory=list, repr=False)
     model: Optional[torch.nn.Module] = field(default=None, repr=False)  # keep_model=True
     ms_per_epoch: float = float("nan")  # wall time of the epoch loop / epochs trained
     backend: Optional[str] = None  # the implicit layer's backend that ran
@@ -164,6 +178,7 @@ class RunResult:
             **self.environment,
             "lambda_max": [[s.lambda_max_start, s.lambda_max_end] for s in self.splits],
             f"test_{key}_max_over_epochs": [s.test_acc_max for s in self.splits],
+            "train_loss_history": [s.train_loss_history for s in self.splits],
             "config": self.config.as_dict(),
         }
 
@@ -174,6 +189,8 @@ def build_model(dataset: Dataset, config: TrainConfig):
     study), which bounds lambda_max (Theorem "Spectral Range of Delta_Phi"). The multi-label
     task across graphs takes the ``mlp`` input unit only (appendix "Model architectures": a
     1-layer MLP for node classification on homophilic graphs, PPI included)."""
+    if config.dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {config.dtype!r}")
     common = dict(laplacian=config.laplacian, mu=config.mu, max_iter=config.max_iter,
                   tol=config.tol, dropout=config.dropout, backend=config.backend,
                   solver=config.solver)
@@ -202,7 +219,152 @@ def build_model(dataset: Dataset, config: TrainConfig):
         from torch.nn.utils.parametrizations import spectral_norm
         spectral_norm(model.diffusion.theta_chi)
         spectral_norm(model.diffusion.theta_phi)
-    return model
+    return model.to(getattr(torch, config.dtype))
+
+
+@dataclass
+class Checkpointing:
+    """Where a run saves its state (``path``, one file, replaced atomically), how often
+    (``every`` epochs within a split; a split's end is always saved), and whether to continue
+    from that file (``resume``: it must exist and be of the same dataset, configuration and
+    splits). ``write=False`` only reads (the ranks other than 0 of a distributed run, whose
+    state is rank 0's)."""
+
+    path: Union[str, os.PathLike]
+    every: int = 10
+    resume: bool = False
+    write: bool = True
+
+    def __post_init__(self):
+        self.path = Path(self.path)
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"checkpoint every must be a positive number of epochs, got "
+                             f"{self.every!r}")
+
+
+_CHECKPOINT_FORMAT = 1
+
+
+def _rng_states(device: torch.device, generator: Optional[torch.Generator]) -> Dict:
+    """The random number generators an epoch draws from: torch's CPU generator, the CUDA
+    generator of ``device`` (dropout there) and ``generator`` (the shuffling of batches)."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    if generator is not None:
+        states["batches"] = generator.get_state()
+    return states
+
+
+def _set_rng_states(states: Dict, device: torch.device,
+                    generator: Optional[torch.Generator]) -> None:
+    torch.set_rng_state(states["cpu"])
+    if device.type == "cuda":
+        if "cuda" not in states:
+            raise ValueError("the checkpoint was saved by a run on the CPU; its dropout draws "
+                             "cannot continue on a GPU: resume with --device cpu")
+        torch.cuda.set_rng_state(states["cuda"], device)
+    if generator is not None:
+        generator.set_state(states["batches"])
+
+
+def _result_state(result: "SplitResult") -> Dict:
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+            if f.name != "model"}
+
+
+class _RunCheckpoint:
+    """A run's checkpoint: the finished splits' results and, within a split, its state; read
+    once when resuming, written (atomically: a temporary file renamed over the old one) every
+    few epochs and after each split."""
+
+    def __init__(self, settings: Checkpointing, identity: Dict):
+        self.settings = settings
+        self.identity = identity
+        self.finished: List[Dict] = []
+        self.current: Optional[Dict] = None  # the state within the split being trained
+        if settings.resume:
+            self._load()
+
+    def _load(self) -> None:
+        path = self.settings.path
+        if not path.is_file():
+            raise ValueError(f"resume: no checkpoint at {path}; start without resume "
+                             f"(--resume) to write one there")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("format") != _CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a dignn checkpoint of format "
+                             f"{_CHECKPOINT_FORMAT}")
+        theirs = state["identity"]
+        differs = [key for key in self.identity if theirs.get(key) != self.identity[key]]
+        if differs:
+            detail = "; ".join(f"{key}: checkpoint {theirs.get(key)!r}, now "
+                               f"{self.identity[key]!r}" for key in differs)
+            raise ValueError(f"the checkpoint {path} is of another run ({detail}); resume "
+                             f"with the same dataset, settings and splits, or start anew "
+                             f"without resume")
+        self.finished = state["finished"]
+        self.current = state["current"]
+
+    def finished_result(self, split: int) -> Optional["SplitResult"]:
+        for state in self.finished:
+            if state["split"] == split:
+                return SplitResult(**state)
+        return None
+
+    def split_state(self, split: int) -> Optional[Dict]:
+        return self.current if self.current and self.current["split"] == split else None
+
+    def finish_split(self, result: "SplitResult") -> None:
+        self.finished.append(_result_state(result))
+        self.current = None
+        self.write()
+
+    def write(self) -> None:
+        if not self.settings.write:
+            return
+        path = self.settings.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(temporary, "wb") as f:
+            torch.save({"format": _CHECKPOINT_FORMAT, "identity": self.identity,
+                        "finished": self.finished, "current": self.current}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+
+
+class _SplitSaver:
+    """Checkpoints of one split: restores the split's saved state (when resuming) into the
+    model, optimizer, selection and generators, and saves them every ``every`` epochs."""
+
+    def __init__(self, run: _RunCheckpoint, split: int, model, opt, sel: _Selector,
+                 device: torch.device, generator: Optional[torch.Generator] = None):
+        self.run, self.split, self.model, self.opt, self.sel = run, split, model, opt, sel
+        self.device, self.generator = device, generator
+        self.epoch, self.seconds = 0, 0.0
+        state = run.split_state(split)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            sel.load_state_dict(state["selector"])
+            _set_rng_states(state["rng"], device, generator)
+            self.epoch, self.seconds = state["epoch"], state["seconds"]
+
+    def resume_point(self):
+        """(the first epoch to train, the seconds trained before it)."""
+        return self.epoch + 1, self.seconds
+
+    def due(self, epoch: int) -> bool:
+        return epoch % self.run.settings.every == 0
+
+    def save(self, epoch: int, seconds: float) -> None:
+        self.run.current = {"split": self.split, "epoch": epoch, "seconds": seconds,
+                            "model": self.model.state_dict(),
+                            "optimizer": self.opt.state_dict(),
+                            "selector": self.sel.state_dict(),
+                            "rng": _rng_states(self.device, self.generator)}
+        self.run.write()
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -216,9 +378,10 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 class _Selector:
-    """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) is
-    appended, the best (val score, val loss), its epoch and test score are updated with
-    ``torch.where``, and so are copies of the weights of the best epoch. The host reads
+    """Model selection kept on the device: per epoch one metric vector (see ``_METRICS``) and
+    the training step's loss are appended, the best (val score, val loss), its epoch and test
+    score are updated with ``torch.where``, and so are copies of the weights of the best
+    epoch. The host reads
     nothing until :meth:`poll` (every few epochs) and :meth:`result` (once, at the end).
     ``metric`` names the score (:data:`TASK_METRICS`)."""
 
@@ -238,7 +401,7 @@ class _Selector:
         self.rows: List[Tensor] = []
 
     @torch.no_grad()
-    def update(self, epoch: int, metrics: Tensor) -> None:
+    def update(self, epoch: int, metrics: Tensor, train_loss: Tensor) -> None:
         val = metrics[1:5:3]  # (val score, val loss)
         improved = (val[0] > self.best[0]) | ((val[0] == self.best[0]) &
                                               (val[1] < self.best[1]))
@@ -252,7 +415,7 @@ class _Selector:
             out_of_patience = (self.stopped_at == 0) & (epoch - self.best_epoch >=
                                                         self.patience)
             self.stopped_at = torch.where(out_of_patience, epoch, self.stopped_at)
-        self.rows.append(metrics)
+        self.rows.append(torch.cat([metrics, train_loss.detach().double().reshape(1)]))
 
     def poll(self, train_loss: Tensor) -> List[float]:
         """One host read: [training loss, best val score, its test score, stopped-at
@@ -262,7 +425,7 @@ class _Selector:
 
     def result(self, split: int, seconds: float, epochs_trained: int, lam_start: float,
                lam_end: float) -> SplitResult:
-        history = torch.stack(self.rows).cpu() if self.rows else torch.empty(0, 6)
+        history = torch.stack(self.rows).cpu() if self.rows else torch.empty(0, 7)
         best, stopped = int(self.best_epoch), int(self.stopped_at)
         epochs_run = stopped or history.size(0)
         history = history[:epochs_run]
@@ -274,8 +437,24 @@ class _Selector:
                            test_acc_max=float(finite.max()) if finite.numel() else math.nan,
                            val_history=history[:, 1].tolist(),
                            test_history=test.tolist(),
+                           train_loss_history=history[:, 6].tolist(),
                            ms_per_epoch=1000.0 * seconds / max(epochs_trained, 1),
                            metric=self.metric)
+
+    def state_dict(self) -> Dict:
+        """What :meth:`load_state_dict` needs to continue the selection (for checkpoints)."""
+        return {"best": self.best, "best_test": self.best_test,
+                "best_epoch": self.best_epoch, "stopped_at": self.stopped_at,
+                "saved": list(self.saved),
+                "rows": torch.stack(self.rows) if self.rows else None}
+
+    def load_state_dict(self, state: Dict) -> None:
+        for name in ("best", "best_test", "best_epoch", "stopped_at"):
+            setattr(self, name, state[name].to(getattr(self, name).device))
+        for saved, value in zip(self.saved, state["saved"]):
+            saved.copy_(value)
+        rows = state["rows"]
+        self.rows = [] if rows is None else list(rows.to(self.best.device).unbind(0))
 
     def restore(self) -> None:
         """Loads the selected epoch's weights back into the model."""
@@ -285,28 +464,43 @@ class _Selector:
 
 class _NodeSets:
     """The train, validation and test nodes of a split as one index vector, so that an
-    epoch's six metrics take a handful of kernels and no host read."""
+    epoch's six metrics take a handful of kernels and no host read. ``sizes``: the sets'
+    sizes to divide by (default: of ``split``; across processes, the global sizes, while
+    ``split`` holds this rank's nodes)."""
 
-    def __init__(self, split):
+    def __init__(self, split, sizes: Optional[Sequence[int]] = None):
         parts = (split.train, split.val, split.test)
         self.index = torch.cat(parts)
-        self.sizes = [t.numel() for t in parts]
+        self.local_sizes = [t.numel() for t in parts]
+        self.divisors = torch.tensor(list(sizes) if sizes is not None else self.local_sizes,
+                                     dtype=torch.float64).to(self.index.device).unsqueeze(1)
 
-    def metrics(self, logits: Tensor, y: Tensor) -> Tensor:
+    def sums(self, logits: Tensor, y: Tensor) -> Tensor:
+        """[3, 2]: (correct predictions, loss sum) of the train, validation and test set."""
         logits, y = logits[self.index], y[self.index]
         loss = F.cross_entropy(logits, y, reduction="none").double()
         correct = (logits.argmax(dim=1) == y).double()
-        per_set = [part.sum(0) / part.size(0) for part in  # 0/0 = NaN for an empty set
-                   torch.stack([correct, loss], dim=1).split(self.sizes)]
-        return torch.stack(per_set).t().reshape(6)
+        return torch.stack([part.sum(0) for part in
+                            torch.stack([correct, loss], dim=1).split(self.local_sizes)])
+
+    def means(self, sums: Tensor) -> Tensor:
+        """The metric vector (see ``_METRICS``) of :meth:`sums`; 0/0 = NaN for an empty
+        set."""
+        return (sums / self.divisors).t().reshape(6)
+
+    def metrics(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.means(self.sums(logits, y))
 
 
 def _split_setup(dataset, config: TrainConfig, split: int, device: torch.device,
-                 compile_model: bool):
-    """A fresh model seeded with ``config.seed + split`` on ``device`` and its Adam optimizer
+                 compile_model: bool, prepare: Optional[Callable] = None):
+    """A fresh model seeded with ``config.seed + split`` on ``device`` (passed through
+    ``prepare`` when given, before the optimizer sees its parameters) and its Adam optimizer
     (fused on a GPU); the model's forward compiled when asked."""
     torch.manual_seed(config.seed + split)
     model = build_model(dataset, config).to(device)
+    if prepare is not None:
+        model = prepare(model)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                            fused=device.type == "cuda" or None)
     if compile_model:
@@ -320,14 +514,22 @@ def _check_sync_every(sync_every: int) -> None:
 
 
 def _run_epochs(config: TrainConfig, model, sel: _Selector, bar, sync_every: int,
-                epoch_fn: Callable[[], Tensor], device: torch.device):
+                epoch_fn: Callable[[], Tensor], device: torch.device,
+                saver: Optional["_SplitSaver"] = None):
     """The epoch loop shared by node and graph tasks: ``epoch_fn`` trains one epoch and
-    returns (training loss, metric vector), both on the device. Returns (seconds, epochs)."""
+    returns (training loss, metric vector), both on the device. ``saver``: checkpoints every
+    few epochs, and where a resumed split starts. Returns (seconds, epochs), both counting
+    the epochs trained before a resume."""
+    first, seconds_before = (1, 0.0) if saver is None else saver.resume_point()
+    if bar is not None and first > 1:
+        bar.update(first - 1)
     start = time.perf_counter()
-    epoch = 0
-    for epoch in range(1, config.epochs + 1):
+    epoch = first - 1
+    for epoch in range(first, config.epochs + 1):
         loss, metrics = epoch_fn()
-        sel.update(epoch, metrics)
+        sel.update(epoch, metrics, loss)
+        if saver is not None and saver.due(epoch) and epoch < config.epochs:
+            saver.save(epoch, seconds_before + time.perf_counter() - start)
         if epoch % sync_every == 0 or epoch == config.epochs:
             loss_value, best_val, best_test, stopped = sel.poll(loss)
             if bar is not None:
@@ -338,25 +540,29 @@ def _run_epochs(config: TrainConfig, model, sel: _Selector, bar, sync_every: int
                 break
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start, epoch
+    return seconds_before + time.perf_counter() - start, epoch
 
 
 def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
                      progress: bool = True, keep_model: bool = False, *,
                      device: Union[str, torch.device, None] = None,
-                     compile_model: bool = False, sync_every: int = 10) -> SplitResult:
+                     compile_model: bool = False, sync_every: int = 10,
+                     checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
     """Trains and selects one model on split ``split``. ``device``: where (default: where
     ``dataset`` is); ``compile_model``: ``torch.compile`` the model's forward;
-    ``sync_every``: epochs between host reads (progress bar, patience)."""
+    ``sync_every``: epochs between host reads (progress bar, patience); ``checkpoint``:
+    :func:`train`'s checkpoint of the run (saves, and the state to resume from)."""
     _check_sync_every(sync_every)
     device = dataset.device if device is None else resolve_device(device)
     dataset = dataset.to(device)
     model, opt = _split_setup(dataset, config, split, device, compile_model)
     s = dataset.splits[split]
-    x, y, ei = dataset.x, dataset.y, dataset.edge_index
+    x, y, ei = dataset.x.to(getattr(torch, config.dtype)), dataset.y, dataset.edge_index
     sets = _NodeSets(s)
     lam_start = _spectral(model, x, ei, f"{dataset.name} split {split}, at initialization")
     sel = _Selector(model, device, config.patience, TASK_METRICS["node"])
+    saver = None if checkpoint is None else _SplitSaver(checkpoint, split, model, opt, sel,
+                                                        device)
     bar = _progress(config.epochs, f"{dataset.name} split {split}", progress)
 
     def epoch_fn():
@@ -369,7 +575,8 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
         with torch.no_grad():
             return loss.detach(), sets.metrics(model(x, ei), y)
 
-    seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device)
+    seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device,
+                                   saver)
     return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
                          lambda: _spectral(model, x, ei,
                                            f"{dataset.name} split {split}, after training"),
@@ -405,7 +612,7 @@ def _graph_loader(graphs, index: Tensor, batch_size: int, shuffle: bool, seed: i
     subset = [graphs[i] for i in index.tolist()]
     gen = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(subset, batch_size=batch_size, shuffle=shuffle, generator=gen,
-                      pin_memory=device.type == "cuda")
+                      pin_memory=device.type == "cuda")  # .generator: gen
 
 
 def _batches(loader, device: torch.device):
@@ -490,7 +697,8 @@ def _evaluate_batches(model, task, batches, device: torch.device) -> Tensor:
 
 def _train_batched_split(dataset, task, config: TrainConfig, split: int, progress: bool,
                          keep_model: bool, device, compile_model: bool,
-                         sync_every: int) -> SplitResult:
+                         sync_every: int, checkpoint: Optional[_RunCheckpoint] = None
+                         ) -> SplitResult:
     """One split of a task on many graphs: shuffled mini-batches of ``config.batch_size``
     training graphs (seeded with ``config.seed + split``) copied to the device from pinned
     memory without blocking; evaluation on the training, validation and test graphs in
@@ -507,6 +715,8 @@ def _train_batched_split(dataset, task, config: TrainConfig, split: int, progres
     where = f"{dataset.name} {task.unit} {split}"
     lam_start = _spectral(model, first.x, first.edge_index, f"{where}, at initialization")
     sel = _Selector(model, device, config.patience, task.metric)
+    saver = None if checkpoint is None else _SplitSaver(checkpoint, split, model, opt, sel,
+                                                        device, train_loader.generator)
     bar = _progress(config.epochs, where, progress)
 
     def epoch_fn():
@@ -525,7 +735,8 @@ def _train_batched_split(dataset, task, config: TrainConfig, split: int, progres
                                   for batches in eval_sets])  # rows: train, val, test
         return total[0] / total[1].clamp_min(1), score_loss.t().reshape(6)
 
-    seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device)
+    seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device,
+                                   saver)
     return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
                          lambda: _spectral(model, first.x, first.edge_index,
                                            f"{where}, after training"),
@@ -535,37 +746,44 @@ def _train_batched_split(dataset, task, config: TrainConfig, split: int, progres
 def train_graph_split(dataset: GraphDataset, config: TrainConfig, split: int,
                       progress: bool = True, keep_model: bool = False, *,
                       device: Union[str, torch.device, None] = None,
-                      compile_model: bool = False, sync_every: int = 10) -> SplitResult:
+                      compile_model: bool = False, sync_every: int = 10,
+                      checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
     """As :func:`train_node_split` for graph classification (fold ``split``): batches of
     graphs are copied to ``device`` (default: the CPU) from pinned memory, without
     blocking."""
     return _train_batched_split(dataset, _GraphClassification, config, split, progress,
-                                keep_model, device, compile_model, sync_every)
+                                keep_model, device, compile_model, sync_every, checkpoint)
 
 
 def train_multilabel_split(dataset: InductiveDataset, config: TrainConfig, split: int = 0,
                            progress: bool = True, keep_model: bool = False, *,
                            device: Union[str, torch.device, None] = None,
-                           compile_model: bool = False, sync_every: int = 10) -> SplitResult:
+                           compile_model: bool = False, sync_every: int = 10,
+                           checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
     """As :func:`train_node_split` for multi-label node classification across graphs (PPI,
     appendix table tab:tab4): trains on batches of ``config.batch_size`` training graphs with
     binary cross-entropy over every label, selects the epoch of the best validation micro-F1
     (ties: lower validation loss) and reports the test micro-F1 there, each computed over all
     nodes of the set's graphs. ``device`` defaults to the CPU."""
     return _train_batched_split(dataset, _MultiLabel, config, split, progress, keep_model,
-                                device, compile_model, sync_every)
+                                device, compile_model, sync_every, checkpoint)
 
 
 def train(dataset: Dataset, config: TrainConfig,
           splits: Optional[Sequence[int]] = None, progress: bool = True,
           on_split: Optional[Callable[[SplitResult], None]] = None, *,
           device: Union[str, torch.device, None] = "auto", compile_model: bool = False,
-          sync_every: int = 10) -> RunResult:
+          sync_every: int = 10, checkpoint: Optional[Checkpointing] = None,
+          fit: Optional[Callable[..., SplitResult]] = None) -> RunResult:
     """Trains one model per split in ``splits`` (default: all) on ``device`` (``"auto"``: the
     GPU when one is visible) and collects the results, scored by the dataset's task
     (:data:`TASK_METRICS`: accuracy, or micro-F1 for multi-label PPI); ``on_split`` is called
-    after each split (the CLI prints there). ``compile_model`` compiles each model's forward
-    with ``torch.compile``; ``sync_every`` is the number of epochs between host reads."""
+    after each split (the CLI prints there; for a split finished before a resume too).
+    ``compile_model`` compiles each model's forward with ``torch.compile``; ``sync_every``
+    is the number of epochs between host reads. ``checkpoint``: save the run's state there
+    and, with ``resume``, continue from it (:class:`Checkpointing`). ``fit``: what trains
+    one split (default: the task's ``train_*_split``; :mod:`dignn.distributed` passes its
+    own)."""
     n = len(dataset.splits)
     splits = list(range(n)) if splits is None else list(splits)
     bad = [k for k in splits if not (isinstance(k, int) and 0 <= k < n)]
@@ -574,17 +792,26 @@ def train(dataset: Dataset, config: TrainConfig,
                          f"splits), got {splits}")
     _check_sync_every(sync_every)
     device = resolve_device(device)
-    if dataset.task == "node":
+    if dataset.task == "node" and fit is None:  # a given fit places the data itself
         dataset = dataset.to(device)
     run = RunResult(dataset.name, config.laplacian, config,
                     environment={**describe_device(device), "threads": torch.get_num_threads(),
                                  "compiled": bool(compile_model)},
                     metric=TASK_METRICS[dataset.task])
-    fit = {"node": train_node_split, "graph": train_graph_split,
-           "multilabel": train_multilabel_split}[dataset.task]
+    if fit is None:
+        fit = {"node": train_node_split, "graph": train_graph_split,
+               "multilabel": train_multilabel_split}[dataset.task]
+    saved = None if checkpoint is None else _RunCheckpoint(
+        checkpoint, {"dataset": dataset.name, "task": dataset.task, "splits": splits,
+                     "config": config.as_dict()})
     for k in splits:
-        result = fit(dataset, config, k, progress, device=device, compile_model=compile_model,
-                     sync_every=sync_every)
+        result = None if saved is None else saved.finished_result(k)
+        if result is None:
+            result = fit(dataset, config, k, progress, device=device,
+                         compile_model=compile_model, sync_every=sync_every,
+                         checkpoint=saved)
+            if saved is not None:
+                saved.finish_split(result)
         run.splits.append(result)
         if on_split is not None:
             on_split(result)
