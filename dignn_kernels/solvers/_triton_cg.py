@@ -5,7 +5,6 @@ Both kernels tile the n x d vectors in blocks of ``ROWS`` rows by ``BLOCK_D`` ch
 write one row of partial sums per row block, which a ``torch.sum`` over the blocks then adds
 in a fixed order: deterministic, no atomics.
 """
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
