@@ -17,12 +17,13 @@ Inputs, each named in the output:
 - the links: NVLink 4 on an H100 SXM, 450 GB/s per direction per GPU (8 GPUs in one node), and
   InfiniBand NDR, 400 Gb/s = 50 GB/s per GPU (8 nodes of one GPU each, or one HCA per GPU);
   nominal rates, so the exchange times are lower bounds;
-- memory: the arrays the implementation allocates (``dignn_kernels.distributed``: a local CSR
-  padded square, rows = owned + halo, every n x 64 array of the solve over all local rows),
-  counted per array below, and checked against the single-GPU figure (a products-sized layer
-  step in 8-9 GB); beside it ("halo rows only where gathered") what a rectangular local CSR
-  would hold, the halo rows only in the arrays a sweep gathers (the iterate, p, q and the
-  adjoint iterate). 8 GPUs, and 16 for comparison.
+- memory: the arrays the implementation allocates, counted per array below and checked
+  against the single-GPU figure (a products-sized layer step in 8-9 GB): the solvers' arrays
+  over the owned rows, and over the halo rows too (``dignn_kernels.distributed.system``: the
+  local CSR is padded square, rows = owned + halo) the received halo rows, the sweep's
+  concatenated input, the padded right-hand side, the row pass's output, p and q; beside it
+  ("halo rows only where read") what a rectangular local CSR would hold: the received halo
+  rows, p and q. 8 GPUs, and 16 for comparison.
 
     python bench/distributed_model.py  # writes bench/results/distributed_papers100m_model.json
 """
@@ -49,7 +50,7 @@ LINKS_GB_S = {"NVLink 4 (450 GB/s)": 450.0, "InfiniBand NDR (50 GB/s)": 50.0}
 # grad_p, grad_q; and chi, kappa, cy, ca (4 bytes each).
 LAYER_ROW_ARRAYS = 12
 LAYER_ROW_SCALARS = 4
-GATHERED_ARRAYS = 4  # the arrays a sweep reads at halo rows: iterate, p, q, adjoint iterate
+HALO_ARRAYS = {"as implemented": 6, "halo rows only where read": 3}  # n x 64 arrays with halo rows
 # Per CSR entry: column (int32), a, w (float32); per row: rowptr (int64).
 ENTRY_BYTES = 12
 # The model around the layer, per owned row: the input features and about six n x 64
@@ -62,13 +63,11 @@ def layer_bytes(rows, entries):
         entries * ENTRY_BYTES
 
 
-def memory_gb(owned, halo_rows, entries, padded):
-    """Bytes per GPU of the model's training step: the layer, the input features and the
-    model's activations over the owned rows."""
-    if padded:
-        layer = layer_bytes(owned + halo_rows, entries)
-    else:
-        layer = layer_bytes(owned, entries) + halo_rows * GATHERED_ARRAYS * ROW_BYTES
+def memory_gb(owned, halo_rows, entries, halo_arrays):
+    """GB per GPU of the model's training step: the layer, the input features and the
+    model's activations over the owned rows, and ``halo_arrays`` n x 64 arrays over the halo
+    rows."""
+    layer = layer_bytes(owned, entries) + halo_rows * halo_arrays * ROW_BYTES
     return (layer + owned * (FEATURE_BYTES + MODEL_ROW_ARRAYS * ROW_BYTES)) / 1e9
 
 
@@ -92,10 +91,8 @@ def cases(gpus, halo, rates):
                     "halo_rows_per_gpu": round(halo_rows),
                     "exchange_gb_per_sweep_per_gpu": round(exchange_bytes / 1e9, 3),
                     "memory_gb_per_gpu": {
-                        "as implemented (padded local CSR)":
-                            round(memory_gb(owned, halo_rows, local_entries, True), 1),
-                        "halo rows only where gathered":
-                            round(memory_gb(owned, halo_rows, local_entries, False), 1)},
+                        k: round(memory_gb(owned, halo_rows, local_entries, arrays), 1)
+                        for k, arrays in HALO_ARRAYS.items()},
                     "sweep_ms": {}}
             for order, rate in rates.items():
                 compute_ms = local_entries / rate * 1e3

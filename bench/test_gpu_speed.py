@@ -232,6 +232,45 @@ def test_cached_iteration(benchmark, graph_name):
     CACHED[graph_name] = info
 
 
+CG_SWEEPS = {}  # (graph, backend) -> per-sweep ms of the fixed point and of cg
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("graph_name", ["cornell5", "penn94_like"])
+def test_cg_sweep_cost(benchmark, graph_name, backend):
+    """The cost of one cg sweep (its row pass and its vector update, fused on a GPU:
+    dignn_kernels.solvers.cg_update) against one fixed-point sweep, on the same backend and
+    graph (rw weights, forward solve, tol = 0): each from the difference of solves of 50 and
+    10 sweeps. Goal: cg at most 1.3x the fixed point."""
+    if backend not in dk.available_backends(device()):
+        pytest.skip(f"backend {backend!r} not available")
+    ei, n, _ = load_graph(graph_name)
+    graph = dk.cached_graph(ei, n)
+    w, chi, kappa = graph.fixed_laplacian("rw", torch.float32)
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+
+    def solve(solver, sweeps):
+        # the fixed point counts Z_1 = X as an iteration (no sweep), cg counts sweeps
+        iters = sweeps + 1 if solver == "fixed_point" else sweeps
+        return dk.solvers.implicit_diffusion(
+            graph.rowptr, graph.col, w, x, chi, kappa=kappa, mu=2.2, max_iter=iters, tol=0.0,
+            solver=solver, backend=backend, check_every=0, host_checks=False,
+            diag_index=graph.diagonal_index(), trusted=True)
+
+    per_sweep = {}
+    for solver in ("fixed_point", "cg"):
+        solve(solver, 50)
+        per_sweep[solver] = (_event_ms(lambda: solve(solver, 50), 10)
+                             - _event_ms(lambda: solve(solver, 10), 10)) / 40
+    benchmark.pedantic(lambda: (solve("cg", 50), torch.cuda.synchronize()), rounds=3,
+                       iterations=1)
+    info = dict(fixed_point_sweep_ms=per_sweep["fixed_point"], cg_sweep_ms=per_sweep["cg"],
+                cg_over_fixed_point=per_sweep["cg"] / per_sweep["fixed_point"])
+    benchmark.extra_info.update(info)
+    CG_SWEEPS[(graph_name, backend)] = info
+
+
 def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
     ok = value >= target if higher_is_better else value <= target
     if higher_is_better:
@@ -293,6 +332,11 @@ def test_summary():
             lines.append(f"  gather floor (gather-only kernel): {c['gather_floor_ms'] * 1e3:.0f} us")
             checks.append(_ratio_line(f"{g} cached iteration over the gather floor",
                                       c["over_gather_floor"], 1.3, higher_is_better=False))
+    for (g, b), c in CG_SWEEPS.items():
+        lines.append(f"{g} {b}: fixed-point sweep {c['fixed_point_sweep_ms'] * 1e3:.0f} us, "
+                     f"cg sweep {c['cg_sweep_ms'] * 1e3:.0f} us")
+        checks.append(_ratio_line(f"{g} {b} cg sweep over fixed-point sweep",
+                                  c["cg_over_fixed_point"], 1.3, higher_is_better=False))
     lines.append("")
     lines += [text for _, text in checks]
     summary = "\n".join(lines)
