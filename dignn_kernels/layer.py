@@ -184,6 +184,7 @@ class FusedImplicitDiffusion(nn.Module):
         available = available_backends(device, num_entries, self.storage_dtype)
         if self.backend == "auto":
             return available[0]
+        check_backend_storage(self.backend, self.storage_dtype)
         if self.backend not in available:
             raise RuntimeError(
                 f"backend={self.backend!r} cannot run on {device}: available there are "
