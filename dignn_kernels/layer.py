@@ -64,11 +64,12 @@ class FusedImplicitDiffusion(nn.Module):
             (the solve's stats, ``layer.residual`` etc., still show a diverged or non-finite
             solve when read). True checks on every device.
         storage_dtype: None (default: everything in the compute dtype), ``torch.bfloat16``
-            or ``torch.float16``: the iterates of the solve and of the adjoint solve and the
-            projections p, q are stored in 16 bits (half the bytes every sweep gathers),
-            while every sum accumulates in float32 (float64 for float64 layers); the edge
-            weights, chi, kappa and the convergence norms stay wide and the output and the
-            gradients come back in the compute dtype. ``solver="fixed_point"`` only; backends
+            or ``torch.float16``: the iterates of the solve and of the adjoint solve are
+            stored in 16 bits (half the bytes every sweep gathers), while every sum
+            accumulates in float32 (float64 for float64 layers); the projections p, q, the
+            edge weights, chi, kappa and the convergence norms stay wide and the output and
+            the gradients come back in the compute dtype (within about 5e-3 of float32 for
+            bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`). ``solver="fixed_point"`` only; backends
             ``"triton"`` and ``"torch"`` (``"auto"`` picks Triton on a GPU, the plain-PyTorch
             backend on the CPU).
 

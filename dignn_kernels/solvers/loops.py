@@ -42,9 +42,11 @@ float16 from Z_1 = round(X) on; every sweep computes in the dtype of the weights
 of a backend that supports it) and rounds its output, the convergence norms sum in float32
 and float64, and the divergence certificate allows for the rounding (:func:`_solve`). The
 last iteration is computed from the last stored iterate but kept wide
-(:func:`_wide_last_iteration`): the map smooths the rounding noise of its input, so the
-solution is about ten times closer to the float32 one than the rounded iterate, and so are
-the differences x - z that the backward takes (measured in tests/test_storage_dtype.py).
+(:func:`_wide_last_iteration`): the map smooths the rounding noise of its input, so with
+bfloat16 the solution is about ten times closer to the float32 one than a rounded last
+iterate would be (relative 1e-4 against 1.6e-3 on the graphs of tests/test_storage_dtype.py),
+and so is x - z, which the backward's dl/dchi takes (the Θχ gradient at h = 4: 2e-3 against
+1.8e-2).
 """
 import math
 from dataclasses import dataclass

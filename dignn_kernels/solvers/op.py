@@ -12,9 +12,13 @@ with a fake kernel (so ``torch.compile`` traces the layer whole) and its backwar
 custom op, so that it is traced too.
 
 With a 16-bit ``storage_dtype`` (fixed point, on a backend whose
-:attr:`~dignn_kernels.backends.interface.Backend.storage_dtypes` has it) the projections p, q
-and the iterates of both solves are stored in that dtype (:func:`_stored`); the op returns z
-and the gradients in x's dtype.
+:attr:`~dignn_kernels.backends.interface.Backend.storage_dtypes` has it) the iterates of both
+solves, and the z and v the gradient pass gathers, are stored in that dtype (:func:`_stored`);
+the op returns z and the gradients in x's dtype. The projections p, q stay in x's dtype: the
+edge weights' derivatives in them (tanh(|p_i . p_j|), with its kink at 0 and its saturation)
+turn a 16-bit rounding of p into errors of 2 % (float16) to 55 % (bfloat16) on the Θ
+gradients (bench/results/storage_dtype_cpu.json, "p_q_16bit_too"), and only two passes of a
+step read them, against some 18 row passes over the iterates.
 """
 import warnings
 import weakref
@@ -145,8 +149,8 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
     dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
     gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
-    and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates u, v
-    and the z, p, q the gradient pass reads are in that dtype, the results in x's."""
+    and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates and
+    the z, v the gradient pass reads are in that dtype, the results in x's."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
     fused = _fused(backend, solver)
@@ -312,10 +316,11 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     - ``trusted``: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
       once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`;
     - ``storage_dtype``: None (everything in x's dtype) or ``torch.bfloat16`` /
-      ``torch.float16``: the iterates of the solve and of its adjoint and the projections p, q
-      are stored in that dtype while every sum accumulates in x's dtype (float32 or
-      float64); w, kappa, chi, the row coefficients and the convergence norms stay wide, and
-      z and the gradients come back in x's dtype. Fixed point only, on a backend that
+      ``torch.float16``: the iterates of the solve and of its adjoint are stored in that
+      dtype (the last iteration, computed from the last stored iterate, is kept wide) while
+      every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa, chi, the row
+      coefficients and the convergence norms stay wide, and z and the gradients come back in
+      x's dtype. Fixed point only, on a backend that
       supports it (:func:`dignn_kernels.backends.storage_backends`: ``"triton"`` and
       ``"torch"``); with ``backend=None`` the first of them available on x's device.
 
