@@ -7,24 +7,28 @@
 #   3. run the GPU tests: `pytest -m cuda tests` (marker `cuda`);
 #   4. run the GPU benchmark: bench/test_gpu_speed.py (pytest-benchmark JSON + summary);
 #   5. time `dignn train` per epoch on the real datasets and the Penn94-shaped graph, per
-#      backend (bench/gpu_epochs.py).
+#      backend (bench/gpu_epochs.py);
+#   6. (mode `locality` only, a second call: it needs a few minutes of its own) locality
+#      reordering on the products-sized block model with shuffled ids and on cornell5
+#      (bench/test_locality.py -m cuda).
 #
 # Everything lands in $OUT (the files that come back), named as they go under bench/results/:
 #   gpu_<device>_run.json      device, versions, build time, test pass/fail/skip counts
 #   gpu_<device>.json          the pytest-benchmark JSON
 #   gpu_<device>_summary.txt   the benchmark's table and every goal met or missed
 #   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
+#   gpu_<device>_locality.json the locality benchmark's pytest-benchmark JSON (mode locality)
 #   session.log, build.log, tests.log, bench.log, epochs.log
 # and copies of the first three under bench/results/ of the tree it ran in.
 #
-# Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs]  (default all; the others skip
+# Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs|locality]  (default all; the others skip
 #         the build when dignn_kernels with CUDA kernels is already installed)
 # Data:   the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA,
 #         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, copied
 #         to the GPU machine with the tree); graphs whose files are missing are skipped and the
 #         summaries say so.
-# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT (seconds; default 200,
-#         190, 170, 150).
+# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, LOCALITY_TIMEOUT
+#         (seconds; default 200, 190, 170, 150, 420).
 set -x -o pipefail
 
 MODE="${1:-all}"
@@ -112,16 +116,25 @@ if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; 
   epochs_rc=$?
 fi
 
-$PY - "$OUT" "$slug" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" <<'EOF'
+locality_rc=null
+if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
+  timeout "${LOCALITY_TIMEOUT:-420}" $PY -m pytest bench/test_locality.py -m cuda -q -s -rs \
+    -p no:cacheprovider --benchmark-json "$OUT/gpu_${slug}_locality.json" 2>&1 \
+    | tee "$OUT/locality.log"
+  locality_rc=$?
+fi
+
+$PY - "$OUT" "$slug" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" \
+    "$locality_rc" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, slug, build_rc, build_s, tests_rc, bench_rc, epochs_rc = sys.argv[1:]
+out, slug, build_rc, build_s, tests_rc, bench_rc, epochs_rc, locality_rc = sys.argv[1:]
 import torch
 run = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
        "torch": torch.__version__, "cuda": torch.version.cuda,
        "build_rc": int(build_rc), "build_seconds": json.loads(build_s),
        "tests_rc": json.loads(tests_rc), "bench_rc": json.loads(bench_rc),
-       "epochs_rc": json.loads(epochs_rc),
+       "epochs_rc": json.loads(epochs_rc), "locality_rc": json.loads(locality_rc),
        "versions": Path(out, "versions.txt").read_text().splitlines()}
 xml = Path(out, "tests.xml")
 if xml.exists():
@@ -141,7 +154,7 @@ EOF
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
   for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
-           "gpu_${slug}_epochs.json"; do
+           "gpu_${slug}_epochs.json" "gpu_${slug}_locality.json"; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
 fi

@@ -24,8 +24,10 @@ Per run: ms per step (median wall time of the rounds, each ending in torch.cuda.
 edge sweeps per second (20 iterations x m CSR entries per step), achieved GB/s under the byte
 model below, and the peak GPU memory of one step (torch.cuda.max_memory_allocated after a reset;
 "growth" is that peak minus what was allocated before the step: graph, features, parameters).
-test_cached_iteration measures the device's device-to-device copy bandwidth and the cached-
-weight iteration alone; test_summary states every goal and by how much it is met
+test_cached_iteration measures the device's device-to-device copy bandwidth, the cached-
+weight iteration alone and the gather floor on the same graph and features (a kernel that only
+gathers the neighbour rows, bench/gather_floor.py; goal: the iteration within 1.3x of it);
+test_summary states every goal and by how much it is met
 or missed, prints it and writes it to $DIGNN_BENCH_SUMMARY (if set).
 
 Byte model (float32 values, int32 columns, int64 row pointers; n nodes, m CSR entries,
@@ -65,8 +67,7 @@ ROUNDS = {"cuda": 20, "triton": 20, "torch": 5, "reference": 2}
 SKEW_LIMIT = 1.5  # a power-law graph may cost at most this much more than a uniform one
 
 # ogbn-products' size: the 16-bit storage comparison (test_storage_dtype_step)
-PRODUCTS_NODES = 2_449_029
-PRODUCTS_EDGES = 61_859_140  # undirected: 123,718,280 CSR entries
+PRODUCTS_NODES, PRODUCTS_EDGES = synthetic.PRODUCTS_NODES, synthetic.PRODUCTS_EDGES
 STORAGE_VARIANTS = ("float32", "bfloat16")
 STORAGE_GOAL = 1.5  # the bfloat16-storage step at least this much faster than float32
 
@@ -201,6 +202,17 @@ def copy_bandwidth():
     return 2 * src.numel() * 4 / (ms * 1e-3)
 
 
+def gather_floor_ms(col, y):
+    """ms of bench/gather_floor.py's gather-only kernel on these columns and rows (None
+    without Triton)."""
+    try:
+        from gather_floor import gather_neighbour_rows
+    except ImportError:
+        return None
+    out = gather_neighbour_rows(col, y)
+    return _event_ms(lambda: gather_neighbour_rows(col, y, out), 20)
+
+
 @pytest.mark.parametrize("graph_name", ["penn94_like", "uniform", "cornell5"])
 def test_cached_iteration(benchmark, graph_name):
     """One cached-weight iteration of the CUDA solve (row pass, heavy-row combine, device-side
@@ -221,7 +233,9 @@ def test_cached_iteration(benchmark, graph_name):
     benchmark.pedantic(lambda: (solve(1 + k), torch.cuda.synchronize()), rounds=5, iterations=1)
     gather, unique = cached_bytes(n, graph.num_edges)
     bw = copy_bandwidth()
-    info = dict(per_iteration_ms=per_iter_ms, gather_gb_per_s=gather / (per_iter_ms * 1e-3) / 1e9,
+    floor_ms = gather_floor_ms(graph.col, x)
+    info = dict(per_iteration_ms=per_iter_ms, gather_floor_ms=floor_ms,
+                over_gather_floor=per_iter_ms / floor_ms if floor_ms else None, gather_gb_per_s=gather / (per_iter_ms * 1e-3) / 1e9,
                 unique_gb_per_s=unique / (per_iter_ms * 1e-3) / 1e9, copy_gb_per_s=bw / 1e9,
                 gather_fraction_of_copy=gather / (per_iter_ms * 1e-3) / bw,
                 unique_fraction_of_copy=unique / (per_iter_ms * 1e-3) / bw)
@@ -338,6 +352,10 @@ def test_summary():
                                   f"bandwidth", c["gather_fraction_of_copy"], 0.5, unit=""))
         lines.append(f"  (unique-bytes model: {c['unique_fraction_of_copy']:.2f} of copy "
                      f"bandwidth; not a goal, see the module docstring)")
+        if c["gather_floor_ms"]:
+            lines.append(f"  gather floor (gather-only kernel): {c['gather_floor_ms'] * 1e3:.0f} us")
+            checks.append(_ratio_line(f"{g} cached iteration over the gather floor",
+                                      c["over_gather_floor"], 1.3, higher_is_better=False))
     if all(v in STORAGE for v in STORAGE_VARIANTS):
         wide, narrow = STORAGE["float32"], STORAGE["bfloat16"]
         lines.append(f"products-sized graph, triton: float32 {wide['ms_per_step']:.1f} ms "

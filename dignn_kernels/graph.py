@@ -13,6 +13,10 @@ every graph is stored coalesced. Building a :class:`CSRGraph` costs a sort of th
 The node indices of the input are checked once, when the graph is built; the CSR built from
 them is valid by construction, so the layer passes it to the ops with ``trusted=True`` and
 never runs their O(edges) graph check (:func:`dignn_kernels.ops.check_graph`) per forward.
+
+``reorder`` renumbers the nodes for locality (:mod:`dignn_kernels.reorder`): the CSR is then
+that of P A P^T, ``order`` maps its positions to the caller's ids and ``position`` back, and
+the layer permutes x on the way in and Z on the way out, so callers never see the new ids.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .csr import csr_rows, diagonal_index, rowptr_from_sorted_rows, transpose_csr
+from .reorder import check_reorder, inverse_order, node_order
 from . import checks
 
 __all__ = ["CSRGraph", "build_graph", "cached_graph", "clear_graph_cache", "transpose_csr",
@@ -43,6 +48,11 @@ class CSRGraph:
     value: Tensor  # float edge values a_ij [m]
     degree: Tensor  # D_i = sum_j a_ij [n], dtype of value
     symmetric: bool  # a_ij == a_ji for every pair, so W is symmetric
+    # Locality renumbering (None: the caller's ids): the node at CSR position k is the
+    # caller's node order[k]; the caller's node i sits at position[i].
+    order: Optional[Tensor] = None
+    position: Optional[Tensor] = None
+    reorder: str = "none"  # the method that made ``order`` ("none": no renumbering)
     _checked: bool = field(default=False, repr=False)  # valid CSR (built here, or check())
     _transposed: Optional[Tuple[Tensor, Tensor, Tensor]] = field(default=None, repr=False)
     _by_dtype: Dict = field(default_factory=dict, repr=False)
@@ -54,6 +64,14 @@ class CSRGraph:
     @property
     def device(self) -> torch.device:
         return self.rowptr.device
+
+    def to_graph_order(self, x: Tensor) -> Tensor:
+        """Rows of ``x`` (the caller's node order) in the CSR's node order."""
+        return x if self.order is None else x.index_select(0, self.order)
+
+    def to_user_order(self, z: Tensor) -> Tensor:
+        """Rows of ``z`` (the CSR's node order) back in the caller's node order."""
+        return z if self.position is None else z.index_select(0, self.position)
 
     def check(self) -> "CSRGraph":
         """Runs :func:`dignn_kernels.ops.check_graph` on the CSR once (a graph assembled by
@@ -203,8 +221,16 @@ def _is_symmetric(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> bool:
     return bool(torch.allclose(values, tv, rtol=1e-6, atol=0.0))
 
 
-def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> CSRGraph:
+def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int,
+              reorder: str = "none") -> CSRGraph:
     rows, cols, values = _coalesce(rows.long(), cols.long(), values, n)
+    if reorder != "none":
+        order, method = node_order(rowptr_from_sorted_rows(rows, n), cols, n, reorder)
+        if order is not None:
+            position = inverse_order(order)
+            graph = _from_coo(position[rows], position[cols], values, n)
+            graph.order, graph.position, graph.reorder = order, position, method
+            return graph
     index_dtype = torch.int32 if n < 2**31 - 1 else torch.int64
     rowptr = rowptr_from_sorted_rows(rows, n)
     degree = torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, rows,
@@ -215,9 +241,12 @@ def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int) -> CSRGraph:
 
 
 def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
-                edge_weight: Optional[Tensor] = None) -> CSRGraph:
+                edge_weight: Optional[Tensor] = None, reorder: Optional[str] = None
+                ) -> CSRGraph:
     """Validates and converts ``edge_index`` (+ ``edge_weight``), a torch sparse tensor or a
-    torch_sparse ``SparseTensor`` into a :class:`CSRGraph`."""
+    torch_sparse ``SparseTensor`` into a :class:`CSRGraph`, its nodes renumbered by
+    ``reorder`` (one of :data:`dignn_kernels.reorder.REORDERINGS`; None keeps the ids)."""
+    reorder = check_reorder(reorder)
     if _is_sparse_tensor(edge):
         if edge_weight is not None:
             raise ValueError("edge_weight must be None when the graph is a sparse tensor: the "
@@ -228,13 +257,13 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
                              f"{num_nodes} nodes; it must be [{num_nodes}, {num_nodes}]")
         _check_sparse_indices(rows, cols, num_nodes)
         _check_edge_weight(values, values.numel(), values.device)
-        return _from_coo(rows, cols, values, num_nodes)
+        return _from_coo(rows, cols, values, num_nodes, reorder)
     _check_edge_index(edge, num_nodes)
     _check_edge_weight(edge_weight, edge.size(1), edge.device)
     values = edge_weight if edge_weight is not None else torch.ones(
         edge.size(1), dtype=torch.float32, device=edge.device)
     # PyG flow source -> target: row i (target) = edge_index[1], col j (source) = edge_index[0]
-    return _from_coo(edge[1], edge[0], values, num_nodes)
+    return _from_coo(edge[1], edge[0], values, num_nodes, reorder)
 
 
 def _is_sparse_tensor(edge) -> bool:
@@ -307,13 +336,16 @@ def _identity(t) -> Tuple[list, list, tuple]:
 
 
 @torch.compiler.disable
-def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None) -> CSRGraph:
-    """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again."""
+def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
+                 reorder: Optional[str] = None) -> CSRGraph:
+    """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again
+    (with the same ``reorder``)."""
+    reorder = check_reorder(reorder)
     objs, versions, key = _identity(edge)
     if not objs:
-        return build_graph(edge, num_nodes, edge_weight)
+        return build_graph(edge, num_nodes, edge_weight, reorder)
     w_objs, w_versions, w_key = _identity(edge_weight)
-    key = (key, w_key, num_nodes)
+    key = (key, w_key, num_nodes, reorder)
     entry = _CACHE.get(key)
     if entry is not None:
         alive = all(r() is o for r, o in zip(entry.refs, objs + w_objs))
@@ -321,7 +353,7 @@ def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None) -> 
             _CACHE.move_to_end(key)
             return entry.graph
         del _CACHE[key]
-    graph = build_graph(edge, num_nodes, edge_weight)
+    graph = build_graph(edge, num_nodes, edge_weight, reorder)
     try:
         refs = [weakref.ref(o) for o in objs + w_objs]
     except TypeError:  # not weak-referenceable: do not cache

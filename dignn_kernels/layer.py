@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from . import backends, solvers
 from .backends import available_backends, check_backend_storage, check_storage_dtype
 from .graph import LAPLACIANS, CSRGraph, cached_graph
+from .reorder import check_reorder
 from .solvers import SOLVERS
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
@@ -69,9 +70,15 @@ class FusedImplicitDiffusion(nn.Module):
             accumulates in float32 (float64 for float64 layers); the projections p, q, the
             edge weights, chi, kappa and the convergence norms stay wide and the output and
             the gradients come back in the compute dtype (within about 5e-3 of float32 for
-            bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`). ``solver="fixed_point"`` only; backends
-            ``"triton"`` and ``"torch"`` (``"auto"`` picks Triton on a GPU, the plain-PyTorch
-            backend on the CPU).
+            bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`).
+            ``solver="fixed_point"`` only; backends ``"triton"`` and ``"torch"`` (``"auto"``
+            picks Triton on a GPU, the plain-PyTorch backend on the CPU).
+        reorder: renumber the nodes for memory locality when the graph is preprocessed:
+            ``"none"`` (default), ``"rcm"`` (reverse Cuthill-McKee), ``"degree"``,
+            ``"community"`` (label propagation) or ``"auto"`` (the order of lowest locality
+            cost, or none); see :mod:`dignn_kernels.reorder`. Transparent: x, the output and
+            every gradient stay in the caller's node order (a prebuilt :class:`CSRGraph`
+            carries its own order and ignores this).
 
     ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (messages flow
     from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
@@ -87,7 +94,8 @@ class FusedImplicitDiffusion(nn.Module):
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
                  eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
                  check_every: Optional[int] = None, sync_checks: Optional[bool] = None,
-                 storage_dtype: Optional[torch.dtype] = None):
+                 storage_dtype: Optional[torch.dtype] = None,
+                 reorder: Optional[str] = None):
         super().__init__()
         _check_int("in_channels", in_channels, 1)
         _check_positive("mu", mu)
@@ -113,6 +121,7 @@ class FusedImplicitDiffusion(nn.Module):
                                  f"only, got solver={solver!r}")
             if backend != "auto":
                 check_backend_storage(backend, storage_dtype)
+        self.reorder = check_reorder(reorder)
         self.in_channels = in_channels
         self.mu = float(mu)
         self.laplacian = laplacian
@@ -230,7 +239,7 @@ class FusedImplicitDiffusion(nn.Module):
         if edge_device is not None and edge_device != x.device:
             raise ValueError(f"x is on {x.device} but the graph is on {edge_device}; move "
                              f"both to the same device")
-        graph = self._graph(x, edge_index, edge_weight)
+        graph = self._graph(x, edge_index, edge_weight, self.reorder)
         backend = self._resolve_backend(x.device, graph.num_edges)
         self.backend_used = backend
         solver = solvers.resolve_solver(self.solver, graph.symmetric)
@@ -238,18 +247,19 @@ class FusedImplicitDiffusion(nn.Module):
         out_dtype = x.dtype
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
             torch.float32
-        xc = x.to(compute)
+        xc = graph.to_graph_order(x.to(compute))
         z, stats = self._forward_kernels(graph, xc, backend, solver, host_checks)
         self._stats = stats
-        return z.to(out_dtype)
+        return graph.to_user_order(z).to(out_dtype)
 
     @staticmethod
-    def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor]) -> CSRGraph:
+    def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor],
+               reorder: str = "none") -> CSRGraph:
         """The preprocessed graph: ``edge_index`` itself when it is a :class:`CSRGraph`
         (what ``torch.compile(..., fullgraph=True)`` needs: the cache lookup is not traced),
         else the cached build."""
         if not isinstance(edge_index, CSRGraph):
-            return cached_graph(edge_index, x.size(0), edge_weight)
+            return cached_graph(edge_index, x.size(0), edge_weight, reorder)
         if edge_weight is not None:
             raise ValueError("edge_weight goes into the CSRGraph: pass it to "
                              "dignn_kernels.build_graph(edge_index, num_nodes, edge_weight), "
@@ -296,7 +306,8 @@ class FusedImplicitDiffusion(nn.Module):
                 f"metric_channels={self.metric_channels}, max_iter={self.max_iter}, "
                 f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}, "
                 f"solver={self.solver!r}" + (f", storage_dtype={self.storage_dtype}"
-                                             if self.storage_dtype is not None else ""))
+                                             if self.storage_dtype is not None else "")
+                + (f", reorder={self.reorder!r}" if self.reorder != "none" else ""))
 
 
 def _graph_device(edge) -> Optional[torch.device]:

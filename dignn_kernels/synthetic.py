@@ -5,6 +5,10 @@
   neighbours next to nodes of one), whose graph file is not available offline.
 - :func:`uniform_graph`: the same numbers of nodes and edges with near-uniform degrees, the
   control for degree-skew benchmarks.
+- :func:`block_model_graph`: a stochastic block model (blocks of consecutive ids, most edges
+  inside a block), optionally with shuffled ids: community structure that the ids hide, the
+  case for locality reordering (:mod:`dignn_kernels.reorder`). Its default size is
+  ogbn-products' (2,449,029 nodes, about 124M CSR entries).
 
 Both return a symmetric ``edge_index`` (each undirected edge in both directions, no self-loops,
 no duplicates) and are identical for the same arguments on every machine.
@@ -12,10 +16,12 @@ no duplicates) and are identical for the same arguments on every machine.
 import torch
 from torch import Tensor
 
-__all__ = ["penn94_like_graph", "uniform_graph", "degree_skew"]
+__all__ = ["penn94_like_graph", "uniform_graph", "block_model_graph", "degree_skew"]
 
 PENN94_NODES = 41_554
 PENN94_EDGES = 1_362_229  # undirected
+PRODUCTS_NODES = 2_449_029
+PRODUCTS_EDGES = 61_859_140  # undirected (123,718,280 CSR entries)
 
 
 def _undirected_from_pairs(src: Tensor, dst: Tensor, n: int, num_edges: int,
@@ -54,6 +60,28 @@ def uniform_graph(num_nodes: int = PENN94_NODES, num_edges: int = PENN94_EDGES,
     src = torch.randint(0, num_nodes, (draws,), generator=gen)
     dst = torch.randint(0, num_nodes, (draws,), generator=gen)
     return _undirected_from_pairs(src, dst, num_nodes, num_edges, gen)
+
+
+def block_model_graph(num_nodes: int = PRODUCTS_NODES, num_edges: int = PRODUCTS_EDGES,
+                      block_size: int = 1000, inside: float = 0.9, shuffle: bool = True,
+                      seed: int = 0) -> Tensor:
+    """A stochastic block model: blocks of ``block_size`` consecutive ids, a share ``inside``
+    of the ``num_edges`` undirected edges inside a block, the rest between uniform pairs;
+    with ``shuffle`` the ids are then permuted at random (the structure is still there, the
+    ids no longer show it)."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = int(num_edges * 1.1) + 1000
+    src = torch.randint(0, num_nodes, (draws,), generator=gen)
+    block_start = src - src % block_size
+    block_len = torch.clamp(num_nodes - block_start, max=block_size)
+    near = block_start + (torch.rand(draws, generator=gen) * block_len).long()
+    far = torch.randint(0, num_nodes, (draws,), generator=gen)
+    dst = torch.where(torch.rand(draws, generator=gen) < inside, near, far)
+    del block_start, block_len, near, far
+    edge_index = _undirected_from_pairs(src, dst, num_nodes, num_edges, gen)
+    if shuffle:
+        edge_index = torch.randperm(num_nodes, generator=gen)[edge_index]
+    return edge_index
 
 
 def degree_skew(edge_index: Tensor, num_nodes: int) -> dict:

@@ -1,0 +1,102 @@
+"""Locality reordering (``reorder=``, :mod:`dignn_kernels.reorder`): one training step of the
+layer with the nodes renumbered or not, side by side in one run.
+
+h = d = 64, 10 forward + 10 adjoint iterations (tol = 0), forward + backward, the graph
+preprocessed (and renumbered) once before timing, as a static graph is in training.
+
+- CPU (backend ``"cpu"``): cornell5 with its own ids and with shuffled ids, and a block model
+  with shuffled ids (200,000 nodes, 5M undirected edges, blocks of 1,000, 90% of the edges
+  inside a block), under every ``reorder``;
+- GPU (``cuda`` marker; backends ``"cuda"`` and ``"triton"``): the products-sized block model
+  (2,449,029 nodes, ~124M CSR entries) with shuffled ids under ``"none"``, ``"community"``,
+  ``"rcm"`` and ``"auto"`` (goal: a step <= 150 ms), and cornell5 shuffled.
+
+Each test stores ms per step, the locality cost of the order
+(:func:`dignn_kernels.reorder.locality_cost`) and the seconds the renumbering took.
+
+    OMP_NUM_THREADS=1 pytest bench/test_locality.py -m "not cuda" \\
+        --benchmark-json bench/results/locality_cpu.json
+    pytest bench/test_locality.py -m cuda --benchmark-json bench/results/<gpu>/locality.json
+"""
+import time
+
+import pytest
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels.reorder import REORDERINGS, locality_cost
+from dignn_kernels.synthetic import block_model_graph
+from conftest import load_facebook100
+
+CHANNELS = 64
+ITERS = 10
+
+
+def _shuffled(edge_index, n, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=gen)[edge_index]
+
+
+_GRAPHS = {}
+
+
+def _graph(name):
+    if name not in _GRAPHS:
+        if name.startswith("cornell5"):
+            edge_index, n = load_facebook100("cornell5")
+            if name.endswith("shuffled"):
+                edge_index = _shuffled(edge_index, n)
+        elif name == "block_model_200k_shuffled":
+            n = 200_000
+            edge_index = block_model_graph(n, 5_000_000, block_size=1000, inside=0.9)
+        elif name == "block_model_products_shuffled":
+            n = 2_449_029
+            edge_index = block_model_graph(block_size=1000, inside=0.9)
+        else:
+            raise ValueError(name)
+        _GRAPHS[name] = (edge_index, n)
+    return _GRAPHS[name]
+
+
+def _time_step(benchmark, name, reorder, backend, device, rounds):
+    edge_index, n = _graph(name)
+    edge_index = edge_index.to(device)
+    torch.manual_seed(0)
+    x = torch.randn(n, CHANNELS, device=device, requires_grad=True)
+    layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
+                                      backend=backend, reorder=reorder).to(device)
+    start = time.perf_counter()
+    graph = dk.build_graph(edge_index, n, reorder=reorder)
+    build_s = time.perf_counter() - start
+
+    def step():
+        layer(x, graph).square().sum().backward()
+        x.grad = None
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    step()  # warm-up
+    benchmark.pedantic(step, rounds=rounds, iterations=1)
+    benchmark.extra_info.update(
+        graph=name, reorder=reorder, chosen=graph.reorder, backend=backend,
+        nodes=n, entries=graph.num_edges, threads=torch.get_num_threads(),
+        locality_cost=round(locality_cost(graph.rowptr, graph.col), 3),
+        build_and_reorder_s=round(build_s, 2),
+        ms_per_step=round(benchmark.stats.stats.median * 1e3, 2))
+
+
+@pytest.mark.parametrize("reorder", REORDERINGS)
+@pytest.mark.parametrize("name", ["cornell5", "cornell5_shuffled", "block_model_200k_shuffled"])
+def test_cpu_step(benchmark, name, reorder):
+    _time_step(benchmark, name, reorder, "cpu", "cpu", rounds=5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("reorder", ["none", "community", "rcm", "auto"])
+@pytest.mark.parametrize("name", ["block_model_products_shuffled", "cornell5_shuffled"])
+def test_gpu_step(benchmark, name, reorder, backend):
+    if backend not in dk.available_backends(torch.device("cuda")):
+        pytest.skip(f"backend {backend!r} not available")
+    _time_step(benchmark, name, reorder, backend, "cuda", rounds=5)
