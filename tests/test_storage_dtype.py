@@ -311,3 +311,20 @@ def test_compiled_backend_unchanged(one_thread):
     z_ref, _ = dk.implicit_diffusion(g.rowptr, g.col, wv, x, chi, None, None, kappa, mu=3.0,
                                      backend="cpu", t_rowptr=t[0], t_col=t[1], t_perm=t[2])
     assert torch.equal(z.detach(), z_ref) and xr.grad is not None
+
+
+def test_training_config_and_cli_option():
+    """``dignn train --storage-dtype bfloat16`` reaches the layer through TrainConfig."""
+    from dignn import models
+    from dignn.cli import build_parser
+    from dignn.presets import TrainConfig
+    args = build_parser().parse_args(["train", "--dataset", "cora", "--storage-dtype",
+                                      "bfloat16"])
+    assert args.storage_dtype == "bfloat16"
+    model = models.DIGNNNodeClassifier(5, 8, 3, storage_dtype=TrainConfig(
+        storage_dtype="float16").storage_dtype)
+    assert model.diffusion.storage_dtype == torch.float16
+    graph_model = models.DIGNNGraphClassifier(5, 8, 3, storage_dtype=torch.bfloat16)
+    assert graph_model.diffusion.storage_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="storage_dtype must be None, 'bfloat16' or"):
+        models.DIGNNNodeClassifier(5, 8, 3, storage_dtype="bf16")

@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None,
                       help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
                            "GPU cuda, or triton for graphs of 2M CSR entries and more)")
+    over.add_argument("--storage-dtype", choices=["bfloat16", "float16"], default=None,
+                      help="store the implicit layer's iterates in 16 bits, sums in float32 "
+                           "(fixed_point solver; backend triton or torch, auto picks one)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")
