@@ -15,6 +15,11 @@ backward of FusedImplicitDiffusion, float32, side by side in one run:
 - ``reference``: the paper's algorithm as written (dignn_kernels.reference), measured on the
   two goal graphs (cornell5, Penn94-shaped) only.
 
+test_storage_dtype_step times the same step on a random graph of ogbn-products' size (2,449,029
+nodes, 123,718,280 CSR entries, ids in random order) on the Triton backend, float32 against
+``storage_dtype=torch.bfloat16`` (16-bit iterates and adjoints, float32 sums) side by side;
+the goal is a 1.5x faster step.
+
 Per run: ms per step (median wall time of the rounds, each ending in torch.cuda.synchronize),
 edge sweeps per second (20 iterations x m CSR entries per step), achieved GB/s under the byte
 model below, and the peak GPU memory of one step (torch.cuda.max_memory_allocated after a reset;
@@ -61,7 +66,13 @@ GOAL_GRAPHS = ("cornell5", "penn94_like")
 ROUNDS = {"cuda": 20, "triton": 20, "torch": 5, "reference": 2}
 SKEW_LIMIT = 1.5  # a power-law graph may cost at most this much more than a uniform one
 
+# ogbn-products' size: the 16-bit storage comparison (test_storage_dtype_step)
+PRODUCTS_NODES, PRODUCTS_EDGES = synthetic.PRODUCTS_NODES, synthetic.PRODUCTS_EDGES
+STORAGE_VARIANTS = ("float32", "bfloat16")
+STORAGE_GOAL = 1.5  # the bfloat16-storage step at least this much faster than float32
+
 RESULTS = {}  # (graph, variant) -> dict of measurements
+STORAGE = {}  # storage variant -> measurements on the products-sized graph
 CACHED = {}  # graph -> cached-iteration measurements
 _GRAPHS = {}
 
@@ -271,6 +282,58 @@ def test_cg_sweep_cost(benchmark, graph_name, backend):
     CG_SWEEPS[(graph_name, backend)] = info
 
 
+def products_sized_graph():
+    """(edge_index, n): a uniform random symmetric graph of ogbn-products' size, ids in random
+    order, drawn on the GPU (seeded, so the same graph on every run of one device type)."""
+    if "products" not in _GRAPHS:
+        n, num_edges = PRODUCTS_NODES, PRODUCTS_EDGES
+        gen = torch.Generator(device=device()).manual_seed(0)
+        draws = int(num_edges * 1.02) + 1000
+        src = torch.randint(0, n, (draws,), generator=gen, device=device())
+        dst = torch.randint(0, n, (draws,), generator=gen, device=device())
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        key = torch.unique(torch.minimum(src, dst) * n + torch.maximum(src, dst))
+        assert key.numel() >= num_edges, "too few distinct pairs drawn"
+        key = key[torch.randperm(key.numel(), generator=gen, device=device())[:num_edges]]
+        lo, hi = key // n, key % n
+        _GRAPHS["products"] = (torch.stack([torch.cat([lo, hi]), torch.cat([hi, lo])]), n,
+                               None)
+    return _GRAPHS["products"][:2]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("storage", STORAGE_VARIANTS)
+def test_storage_dtype_step(benchmark, storage):
+    """One training step (forward + backward, h = d = 64, 10 + 10 iterations) on the
+    products-sized graph, Triton backend, float32 storage against bfloat16 storage."""
+    if "triton" not in dk.available_backends(device()):
+        pytest.skip("the Triton backend is not available in this build")
+    ei, n = products_sized_graph()
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+    torch.manual_seed(0)
+    storage_dtype = None if storage == "float32" else getattr(torch, storage)
+    layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
+                                      backend="triton", storage_dtype=storage_dtype
+                                      ).to(device())
+    step = make_step("triton", ei, x, layer)
+    step()  # warm-up: graph preprocessing (cached), JIT compilation, allocator
+    growth, peak = peak_memory(step)
+    assert layer.backend_used == "triton"
+
+    def timed():
+        step()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(timed, rounds=5, iterations=1)
+    info = dict(ms_per_step=benchmark.stats.stats.median * 1e3, peak_growth_mb=growth / 2**20,
+                peak_mb=peak / 2**20, nodes=n, csr_entries=dk.cached_graph(ei, n).num_edges,
+                storage=storage, device=torch.cuda.get_device_name(), torch=torch.__version__)
+    benchmark.extra_info.update(info)
+    STORAGE[storage] = info
+
+
 def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
     ok = value >= target if higher_is_better else value <= target
     if higher_is_better:
@@ -337,6 +400,14 @@ def test_summary():
                      f"cg sweep {c['cg_sweep_ms'] * 1e3:.0f} us")
         checks.append(_ratio_line(f"{g} {b} cg sweep over fixed-point sweep",
                                   c["cg_over_fixed_point"], 1.3, higher_is_better=False))
+    if all(v in STORAGE for v in STORAGE_VARIANTS):
+        wide, narrow = STORAGE["float32"], STORAGE["bfloat16"]
+        lines.append(f"products-sized graph, triton: float32 {wide['ms_per_step']:.1f} ms "
+                     f"(peak {wide['peak_mb']:.0f} MB), bfloat16 storage "
+                     f"{narrow['ms_per_step']:.1f} ms (peak {narrow['peak_mb']:.0f} MB)")
+        checks.append(_ratio_line("products-sized step, bfloat16 storage speed-up over "
+                                  "float32", wide["ms_per_step"] / narrow["ms_per_step"],
+                                  STORAGE_GOAL))
     lines.append("")
     lines += [text for _, text in checks]
     summary = "\n".join(lines)

@@ -18,7 +18,11 @@ import torch
 from torch import Tensor
 
 __all__ = ["check_scalars", "check_graph", "check_graph_data", "check_csr", "check_values",
-           "check_features", "check_edge_values", "check_projections", "check_transposed"]
+           "check_features", "check_edge_values", "check_projections", "check_transposed",
+           "check_compute_dtype"]
+
+# Tensors a pass may take in 16 bits (storage_dtype; backends.interface.STORAGE_DTYPES).
+_STORAGE = (torch.bfloat16, torch.float16)
 
 
 def check_scalars(mu=None, eps=None, max_iter=None, tol=None) -> None:
@@ -98,10 +102,12 @@ def check_csr(rowptr: Tensor, col: Tensor, rowptr_name="rowptr", col_name="col")
                            f"{rowptr.device}")
 
 
-def check_values(t: Tensor, t_name: str, shape, like: Tensor, rowptr: Tensor) -> None:
+def check_values(t: Tensor, t_name: str, shape, like: Tensor, rowptr: Tensor,
+                 storage_ok: bool = False) -> None:
+    """Shape, dtype (like's; with ``storage_ok`` also a 16-bit storage dtype) and device."""
     if list(t.shape) != list(shape):
         raise RuntimeError(f"{t_name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype != like.dtype:
+    if t.dtype != like.dtype and not (storage_ok and t.dtype in _STORAGE):
         raise RuntimeError(f"{t_name} must have dtype {like.dtype} like the features, got "
                            f"{t.dtype}")
     if t.device != rowptr.device:
@@ -109,7 +115,9 @@ def check_values(t: Tensor, t_name: str, shape, like: Tensor, rowptr: Tensor) ->
 
 
 def check_features(x: Tensor, x_name: str, n: int, rowptr: Tensor,
-                    rowptr_name: str = "rowptr") -> None:
+                    rowptr_name: str = "rowptr", storage_ok: bool = False) -> None:
+    """A node signal: 2-D, one row per node, float32 or float64 (``storage_ok``: or a
+    16-bit storage dtype, bfloat16 or float16), on the graph's device."""
     if x.dim() != 2:
         raise RuntimeError(f"{x_name} must be 2-D (nodes x channels), got shape "
                            f"{list(x.shape)}")
@@ -118,11 +126,18 @@ def check_features(x: Tensor, x_name: str, n: int, rowptr: Tensor,
                            f"{x.shape[0]} rows ({x_name} has {x.shape[0]} rows but the graph "
                            f"has {n} nodes): {rowptr_name} must hold num_nodes + 1 row offsets "
                            f"and {x_name} one row per node")
-    if x.dtype not in (torch.float32, torch.float64):
+    if x.dtype not in (torch.float32, torch.float64) and not (storage_ok and x.dtype in _STORAGE):
         raise RuntimeError(f"{x_name} must be float32 or float64, got {x.dtype}; the layer "
                            f"computes float16/bfloat16 features in float32")
     if x.device != rowptr.device:
         raise RuntimeError(f"{x_name} is on {x.device} but the graph is on {rowptr.device}")
+
+
+def check_compute_dtype(t: Tensor, t_name: str) -> None:
+    """The compute dtype of a pass that takes 16-bit storage: float32 or float64."""
+    if t.dtype not in (torch.float32, torch.float64):
+        raise RuntimeError(f"{t_name} must be float32 or float64 (the compute dtype; only "
+                           f"iterates and projections may be stored in 16 bits), got {t.dtype}")
 
 
 def check_edge_values(rowptr, col, values, values_name, rowptr_name="rowptr",

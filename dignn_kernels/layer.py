@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from . import backends, solvers
-from .backends import available_backends
+from .backends import available_backends, check_backend_storage, check_storage_dtype
 from .distributed.graph import DistributedGraph
 from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
@@ -66,6 +66,15 @@ class FusedImplicitDiffusion(nn.Module):
             nothing, yes; on a GPU no, so that a training step never waits for the device
             (the solve's stats, ``layer.residual`` etc., still show a diverged or non-finite
             solve when read). True checks on every device.
+        storage_dtype: None (default: everything in the compute dtype), ``torch.bfloat16``
+            or ``torch.float16``: the iterates of the solve and of the adjoint solve are
+            stored in 16 bits (half the bytes every sweep gathers), while every sum
+            accumulates in float32 (float64 for float64 layers); the projections p, q, the
+            edge weights, chi, kappa and the convergence norms stay wide and the output and
+            the gradients come back in the compute dtype (within about 5e-3 of float32 for
+            bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`).
+            ``solver="fixed_point"`` only; backends ``"triton"`` and ``"torch"`` (``"auto"``
+            picks Triton on a GPU, the plain-PyTorch backend on the CPU).
         reorder: renumber the nodes for memory locality when the graph is preprocessed:
             ``"none"`` (default), ``"rcm"`` (reverse Cuthill-McKee), ``"degree"``,
             ``"community"`` (label propagation) or ``"auto"`` (the order of lowest locality
@@ -89,6 +98,7 @@ class FusedImplicitDiffusion(nn.Module):
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
                  eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
                  check_every: Optional[int] = None, sync_checks: Optional[bool] = None,
+                 storage_dtype: Optional[torch.dtype] = None,
                  reorder: Optional[str] = None):
         super().__init__()
         _check_int("in_channels", in_channels, 1)
@@ -108,6 +118,13 @@ class FusedImplicitDiffusion(nn.Module):
             _check_int("check_every", check_every, 0)
         if sync_checks is not None and not isinstance(sync_checks, bool):
             raise ValueError(f"sync_checks must be None, True or False, got {sync_checks!r}")
+        self.storage_dtype = check_storage_dtype(storage_dtype)
+        if storage_dtype is not None:
+            if solver != "fixed_point":
+                raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' "
+                                 f"only, got solver={solver!r}")
+            if backend != "auto":
+                check_backend_storage(backend, storage_dtype)
         self.reorder = check_reorder(reorder)
         self.in_channels = in_channels
         self.mu = float(mu)
@@ -178,9 +195,10 @@ class FusedImplicitDiffusion(nn.Module):
 
     # --------------------------------------------------------------------- forward --
     def _resolve_backend(self, device: torch.device, num_entries: int) -> str:
-        available = available_backends(device, num_entries)
+        available = available_backends(device, num_entries, self.storage_dtype)
         if self.backend == "auto":
             return available[0]
+        check_backend_storage(self.backend, self.storage_dtype)
         if self.backend not in available:
             raise RuntimeError(
                 f"backend={self.backend!r} cannot run on {device}: available there are "
@@ -279,7 +297,8 @@ class FusedImplicitDiffusion(nn.Module):
                       solver=solver, backend=backend, check_every=self.check_every,
                       t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
                       diag_index=graph.diagonal_index() if solver == "cg" else None,
-                      host_checks=host_checks, trusted=True)  # checked once per graph
+                      host_checks=host_checks, trusted=True,  # checked once per graph
+                      storage_dtype=self.storage_dtype)
         call = solvers.implicit_diffusion
         if self.laplacian == "neural":
             a, degree = graph.values(x.dtype)
@@ -299,8 +318,9 @@ class FusedImplicitDiffusion(nn.Module):
         return (f"{self.in_channels}, mu={self.mu}, laplacian={self.laplacian!r}, "
                 f"metric_channels={self.metric_channels}, max_iter={self.max_iter}, "
                 f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}, "
-                f"solver={self.solver!r}" + (f", reorder={self.reorder!r}"
-                                             if self.reorder != "none" else ""))
+                f"solver={self.solver!r}" + (f", storage_dtype={self.storage_dtype}"
+                                             if self.storage_dtype is not None else "")
+                + (f", reorder={self.reorder!r}" if self.reorder != "none" else ""))
 
 
 def _graph_device(edge) -> Optional[torch.device]:

@@ -11,16 +11,22 @@ pass interface of :mod:`dignn_kernels.backends.interface`.
 :func:`available_backends` those that run on a device, in the order ``backend="auto"`` tries
 them. Adding a backend: a module that builds a :class:`Backend` and one entry in
 :data:`_REGISTRY` below.
+
+16-bit storage (``storage_dtype``, :data:`STORAGE_DTYPES`) is a capability of a backend
+(:attr:`Backend.storage_dtypes`): :func:`check_storage_dtype` validates the value,
+:func:`check_backend_storage` an explicit backend against it, and :func:`available_backends`
+leaves out the backends that cannot store in it.
 """
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from . import compiled, pytorch, triton
-from .interface import Backend, FusedSolve
+from .interface import STORAGE_DTYPES, Backend, FusedSolve
 
 __all__ = ["Backend", "FusedSolve", "BACKENDS", "get_backend", "available_backends",
-           "TRITON_MIN_ENTRIES"]
+           "TRITON_MIN_ENTRIES", "STORAGE_DTYPES", "check_storage_dtype",
+           "storage_backends", "check_backend_storage"]
 
 _REGISTRY: Dict[str, Backend] = {b.name: b for b in (compiled.CPU, compiled.CUDA,
                                                       triton.TRITON, pytorch.TORCH)}
@@ -44,14 +50,42 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-def available_backends(device: torch.device, num_entries: Optional[int] = None
-                       ) -> Tuple[str, ...]:
+def check_storage_dtype(storage_dtype) -> Optional[torch.dtype]:
+    """``storage_dtype`` itself when it is None (iterates stored in the compute dtype) or one
+    of :data:`STORAGE_DTYPES`; else a ValueError naming the choices."""
+    if storage_dtype is None or (isinstance(storage_dtype, torch.dtype)
+                                 and storage_dtype in STORAGE_DTYPES):
+        return storage_dtype
+    raise ValueError(f"storage_dtype must be None (iterates stored in the compute dtype), "
+                     f"torch.bfloat16 or torch.float16, got {storage_dtype!r}")
+
+
+def storage_backends(storage_dtype: torch.dtype) -> Tuple[str, ...]:
+    """The backends whose passes store iterates and projections in ``storage_dtype``."""
+    return tuple(name for name in BACKENDS if storage_dtype in _REGISTRY[name].storage_dtypes)
+
+
+def check_backend_storage(backend: str, storage_dtype: Optional[torch.dtype]) -> None:
+    """A ValueError unless the backend ``backend`` supports ``storage_dtype`` (None: every
+    backend does)."""
+    if storage_dtype is not None and storage_dtype not in get_backend(backend).storage_dtypes:
+        raise ValueError(
+            f"storage_dtype={storage_dtype} is not supported by backend={backend!r}: the "
+            f"backends that store the iterates in 16 bits are {storage_backends(storage_dtype)}"
+            f". Use one of them or backend='auto' (which picks one), or storage_dtype=None.")
+
+
+def available_backends(device: torch.device, num_entries: Optional[int] = None,
+                       storage_dtype: Optional[torch.dtype] = None) -> Tuple[str, ...]:
     """The backends that can run on ``device``, the one ``"auto"`` picks first: the compiled
     one of the device, then (on a GPU) Triton, before it for graphs of at least
     :data:`TRITON_MIN_ENTRIES` CSR entries (``num_entries``; None counts as small), then the
-    plain-PyTorch fallback. Triton runs on the CPU only in its (slow) interpreter, last."""
+    plain-PyTorch fallback. Triton runs on the CPU only in its (slow) interpreter, last.
+    With a 16-bit ``storage_dtype`` only the backends that support it (see
+    :attr:`Backend.storage_dtypes`)."""
     device = torch.device(device)
-    found = [name for name in BACKENDS if _REGISTRY[name].available(device)]
+    found = [name for name in BACKENDS if _REGISTRY[name].available(device)
+             and (storage_dtype is None or storage_dtype in _REGISTRY[name].storage_dtypes)]
     if "triton" in found:
         found.remove("triton")
         if device.type == "cuda":

@@ -25,8 +25,15 @@ computed from n and m), so it can be built inside a captured CUDA graph.
 
 Channels are the second tile axis (``BLOCK_D`` <= 128 wide, a second grid axis beyond that);
 the per-edge scalars pi = p_i . p_j, rho = ||q_i - q_j|| and G_ij are reduced over full rows
-in ``BLOCK_H``/``BLOCK_D`` pieces. Accumulation is in the tensors' dtype: float32 (the
-layer computes float16/bfloat16 inputs in float32) or float64.
+in ``BLOCK_H``/``BLOCK_D`` pieces. Accumulation is in the compute dtype, that of the edge
+values, the row coefficients and the gradients: float32 (the layer computes float16/bfloat16
+inputs in float32) or float64.
+
+16-bit storage (the solve's ``storage_dtype``): the iterates y, z, v and the projections p, q
+may be bfloat16 or float16. Every load of them is converted to the compute dtype at once
+(``.to(ACC)``, ACC the dtype of a compute-dtype argument), every sum runs there, and the row
+pass's output is rounded to nearest on its store (:func:`_storage_value`); scratch partial
+sums, w, kappa and the gradients stay in the compute dtype.
 
 The row-pass kernels also take a ``done`` flag (once it is set they copy their input instead
 of stepping) and write per-program residual partial sums of the step; the backend passes a
@@ -39,6 +46,19 @@ import triton.language as tl
 from ..laplacian import CHI_FLOOR  # rows with chi <= CHI_FLOOR are guarded
 
 _CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+# True when the kernels of this module are defined under TRITON_INTERPRET=1: they then run on
+# CPU tensors, in NumPy, slowly (for tests). (What triton.jit returned says it in every version.)
+INTERPRETED = not isinstance(_probe, triton.runtime.jit.JITFunction)
+# The interpreter converts float32 to bfloat16 by truncation (triton 3.8), the GPU (and
+# torch) round to nearest even: under the interpreter the kernels round by hand.
+_BF16_BY_BITS = tl.constexpr(INTERPRETED)
 
 # Where tanh switches from its odd Taylor polynomial to (1 - e) / (1 + e), e = exp(-2|x|):
 # the polynomial (to x^17) is within half an ulp below these arguments, and the exp form
@@ -96,28 +116,44 @@ def _sqrt(x, F64: tl.constexpr):
 
 
 @triton.jit
-def _pi_rho(p, q, row_i, row_j, mask, H, BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
-            F64: tl.constexpr):
-    """pi_ij = p_i . p_j and rho_ij = ||q_i - q_j|| (eq. 13, 14) for a vector of edges."""
-    pi = tl.zeros(row_i.shape, dtype=p.dtype.element_ty)
-    rho2 = tl.zeros(row_i.shape, dtype=p.dtype.element_ty)
+def _pi_rho(p, q, row_i, row_j, mask, H, ACC: tl.constexpr, BLOCK_H: tl.constexpr,
+            NUM_H_BLOCKS: tl.constexpr, F64: tl.constexpr):
+    """pi_ij = p_i . p_j and rho_ij = ||q_i - q_j|| (eq. 13, 14) for a vector of edges, in
+    the dtype ACC."""
+    pi = tl.zeros(row_i.shape, dtype=ACC)
+    rho2 = tl.zeros(row_i.shape, dtype=ACC)
     for hb in tl.static_range(NUM_H_BLOCKS):
         hc = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         m2 = mask[:, None] & (hc < H)[None, :]
         off_i = row_i[:, None] * H + hc[None, :]
         off_j = row_j[:, None] * H + hc[None, :]
-        pi += tl.sum(tl.load(p + off_i, mask=m2, other=0.0) *
-                     tl.load(p + off_j, mask=m2, other=0.0), axis=1)
-        dq = tl.load(q + off_i, mask=m2, other=0.0) - tl.load(q + off_j, mask=m2, other=0.0)
+        pi += tl.sum(tl.load(p + off_i, mask=m2, other=0.0).to(ACC) *
+                     tl.load(p + off_j, mask=m2, other=0.0).to(ACC), axis=1)
+        dq = tl.load(q + off_i, mask=m2, other=0.0).to(ACC) - \
+            tl.load(q + off_j, mask=m2, other=0.0).to(ACC)
         rho2 += tl.sum(dq * dq, axis=1)
     return pi, _sqrt(rho2, F64)
 
 
 @triton.jit
-def _load_tile(ptr, rows, mask, cols, width):
-    """Rows `rows` (int64) of a row-major [*, width] matrix, channels `cols` (masked)."""
+def _load_tile(ptr, rows, mask, cols, width, ACC: tl.constexpr):
+    """Rows `rows` (int64) of a row-major [*, width] matrix, channels `cols` (masked), in
+    the dtype ACC (16-bit storage is widened here)."""
     return tl.load(ptr + rows[:, None] * width + cols[None, :],
-                   mask=mask[:, None] & (cols < width)[None, :], other=0.0)
+                   mask=mask[:, None] & (cols < width)[None, :], other=0.0).to(ACC)
+
+
+@triton.jit
+def _storage_value(o, out):
+    """o rounded to nearest (even) in the element dtype of `out`, the value to store there.
+    bfloat16 under the interpreter by hand on the float32 bits (its own cast truncates);
+    elsewhere the cast, which rounds to nearest on the GPU."""
+    if _BF16_BY_BITS and out.dtype.element_ty == tl.bfloat16:
+        bits = o.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return o.to(out.dtype.element_ty)
 
 
 @triton.jit
@@ -158,10 +194,12 @@ def _load_heavy_rows(heavy_row, heavy_first, heavy_count, num_heavy, pid, ROWS: 
 
 @triton.jit
 def _store_step(o, y_i, out, off, m2, done):
-    """Stores the step's tile o (y_i itself once the solve is done) and returns its residual
-    partial sums ||o - y||^2 and ||o||^2 over the tile."""
+    """Stores the step's tile o (y_i itself once the solve is done) in out's dtype and
+    returns the stored tile's residual partial sums ||o - y||^2 and ||o||^2."""
     o = tl.where(done != 0, y_i, o)
-    tl.store(out + off, o, mask=m2)
+    stored = _storage_value(o, out)
+    tl.store(out + off, stored, mask=m2)
+    o = stored.to(y_i.dtype)
     diff = tl.where(m2, o - y_i, 0.0)
     o = tl.where(m2, o, 0.0)
     diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
@@ -178,8 +216,8 @@ def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]
     m2 = rmask[:, None] & cmask[None, :]
-    y_i = tl.load(y + off, mask=m2, other=0.0)
-    b_i = tl.load(b + off, mask=m2, other=0.0)
+    y_i = tl.load(y + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
+    b_i = tl.load(b + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
     cy_i = tl.load(cy + r64, mask=rmask, other=0.0)
     if HAS_RS:
         o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=rmask, other=0.0)[:, None] * acc
@@ -221,7 +259,7 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
                                                    num_segs, pid, done, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=cy.dtype.element_ty)
     # Two edges per step: both gathers are in flight before either is used (a warp issues
     # in order, so this doubles the bytes it has requested while it waits).
     for e in range(0, tl.max(length, axis=0), 2):
@@ -233,9 +271,9 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
         w0 = tl.load(w + k, mask=m0, other=0.0)
         w1 = tl.load(w + k + 1, mask=m1, other=0.0)
         y0 = tl.load(y + j0[:, None] * D + cols[None, :], mask=m0[:, None] & cmask[None, :],
-                     other=0.0)
+                     other=0.0).to(cy.dtype.element_ty)
         y1 = tl.load(y + j1[:, None] * D + cols[None, :], mask=m1[:, None] & cmask[None, :],
-                     other=0.0)
+                     other=0.0).to(cy.dtype.element_ty)
         acc += w0[:, None] * y0
         acc += w1[:, None] * y1
     whole = valid & (slot < 0)
@@ -261,7 +299,7 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
     count = tl.where(done != 0, 0, count)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=y.dtype.element_ty)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=cy.dtype.element_ty)
     for s in range(0, tl.max(count, axis=0)):
         smask = s < count
         acc += tl.load(scratch + (first + s).to(tl.int64)[:, None] * D + cols[None, :],
@@ -284,8 +322,8 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]
     m2 = rmask[:, None] & cmask[None, :]
-    z_i = tl.load(z + off, mask=m2, other=0.0)
-    x_i = tl.load(x + off, mask=m2, other=0.0)
+    z_i = tl.load(z + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
+    x_i = tl.load(x + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
     o = x_i + cy[:, None] * z_i + ca[:, None] * acc
     return _store_step(o, z_i, out, off, m2, done)
 
@@ -313,22 +351,23 @@ def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
     first_tile = _first_tile(pid_d, ROWS)  # [ROWS] block, see _first_tile
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=p.dtype.element_ty)
-    kappa = tl.zeros([ROWS], dtype=p.dtype.element_ty)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=a.dtype.element_ty)
+    kappa = tl.zeros([ROWS], dtype=a.dtype.element_ty)
     if NUM_H_BLOCKS == 1:  # the segment rows' p_i, q_i stay in registers
         hc = tl.arange(0, BLOCK_H)
-        p_i = _load_tile(p, row64, valid, hc, H)
-        q_i = _load_tile(q, row64, valid, hc, H)
+        p_i = _load_tile(p, row64, valid, hc, H, a.dtype.element_ty)
+        q_i = _load_tile(q, row64, valid, hc, H, a.dtype.element_ty)
     for e in range(0, tl.max(length, axis=0)):
         emask = e < length
         k = start + e
         j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
         a_k = tl.load(a + k, mask=emask, other=0.0)
         if NUM_H_BLOCKS == 1:
-            pi, rho = _pi_rho_tile(p_i, q_i, _load_tile(p, j, emask, hc, H),
-                                   _load_tile(q, j, emask, hc, H), F64)
+            pi, rho = _pi_rho_tile(p_i, q_i, _load_tile(p, j, emask, hc, H, a.dtype.element_ty),
+                                   _load_tile(q, j, emask, hc, H, a.dtype.element_ty), F64)
         else:
-            pi, rho = _pi_rho(p, q, row64, j, emask, H, BLOCK_H, NUM_H_BLOCKS, F64)
+            pi, rho = _pi_rho(p, q, row64, j, emask, H, a.dtype.element_ty, BLOCK_H,
+                              NUM_H_BLOCKS, F64)
         t, _unused = _tanh_sech2(1.0 / (rho + eps), TANH_SMALL)
         phi, _unused2 = _tanh_sech2(tl.abs(pi), TANH_SMALL)
         w_k = a_k * t * phi
@@ -336,7 +375,7 @@ def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
         kappa += w_k
         if HAS_STEP:
             z_j = tl.load(z + j[:, None] * D + cols[None, :],
-                          mask=emask[:, None] & cmask[None, :], other=0.0)
+                          mask=emask[:, None] & cmask[None, :], other=0.0).to(a.dtype.element_ty)
             acc += w_k[:, None] * z_j
     whole = valid & (slot < 0)
     partial = valid & (slot >= 0)
@@ -366,8 +405,8 @@ def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, const
                                                 num_heavy, pid, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=x.dtype.element_ty)
-    kappa = tl.zeros([ROWS], dtype=x.dtype.element_ty)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=chi.dtype.element_ty)
+    kappa = tl.zeros([ROWS], dtype=chi.dtype.element_ty)
     for s in range(0, tl.max(count, axis=0)):
         smask = s < count
         slot = (first + s).to(tl.int64)
@@ -393,24 +432,26 @@ GRAD_GIVEN = 3  # per-edge dl/dW given (`gw`, aligned with the CSR walked)
 
 
 @triton.jit
-def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, BLOCK_G: tl.constexpr,
-               NUM_G_BLOCKS: tl.constexpr):
+def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, ACC: tl.constexpr,
+               BLOCK_G: tl.constexpr, NUM_G_BLOCKS: tl.constexpr):
     """G for a vector of edges as the MODE constants say (laplacian_math.h: dl/dW_ij =
-    v_i . (z_j - z_i), and G_ij + G_ji on symmetric graphs)."""
-    g = tl.zeros(row_i.shape, dtype=v.dtype.element_ty)
+    v_i . (z_j - z_i), and G_ij + G_ji on symmetric graphs), in the dtype ACC."""
+    g = tl.zeros(row_i.shape, dtype=ACC)
     for cb in tl.static_range(NUM_G_BLOCKS):
         c = cb * BLOCK_G + tl.arange(0, BLOCK_G)
         m2 = mask[:, None] & (c < D)[None, :]
         off_i = row_i[:, None] * D + c[None, :]
         off_j = row_j[:, None] * D + c[None, :]
-        dz = tl.load(z + off_j, mask=m2, other=0.0) - tl.load(z + off_i, mask=m2, other=0.0)
+        dz = tl.load(z + off_j, mask=m2, other=0.0).to(ACC) - \
+            tl.load(z + off_i, mask=m2, other=0.0).to(ACC)
         if MODE == 0:
-            vv = tl.load(v + off_i, mask=m2, other=0.0) - tl.load(v + off_j, mask=m2, other=0.0)
+            vv = tl.load(v + off_i, mask=m2, other=0.0).to(ACC) - \
+                tl.load(v + off_j, mask=m2, other=0.0).to(ACC)
             g += tl.sum(vv * dz, axis=1)
         elif MODE == 1:
-            g += tl.sum(tl.load(v + off_i, mask=m2, other=0.0) * dz, axis=1)
+            g += tl.sum(tl.load(v + off_i, mask=m2, other=0.0).to(ACC) * dz, axis=1)
         else:
-            g -= tl.sum(tl.load(v + off_j, mask=m2, other=0.0) * dz, axis=1)
+            g -= tl.sum(tl.load(v + off_j, mask=m2, other=0.0).to(ACC) * dz, axis=1)
     return g
 
 
@@ -435,19 +476,19 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
     row64 = row.to(tl.int64)
     hc = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = hc < H
-    acc_p = tl.zeros([ROWS, BLOCK_H], dtype=p.dtype.element_ty)
-    acc_q = tl.zeros([ROWS, BLOCK_H], dtype=p.dtype.element_ty)
-    cq_sum = tl.zeros([ROWS], dtype=p.dtype.element_ty)
+    acc_p = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
+    acc_q = tl.zeros([ROWS, BLOCK_H], dtype=grad_p.dtype.element_ty)
+    cq_sum = tl.zeros([ROWS], dtype=grad_p.dtype.element_ty)
     # Whole rows that fit one tile stay in registers for the edge loop.
     if NUM_H_BLOCKS == 1:
-        p_i = _load_tile(p, row64, valid, hc, H)
-        q_i = _load_tile(q, row64, valid, hc, H)
+        p_i = _load_tile(p, row64, valid, hc, H, grad_p.dtype.element_ty)
+        q_i = _load_tile(q, row64, valid, hc, H, grad_p.dtype.element_ty)
     if NUM_G_BLOCKS == 1:
         gc = tl.arange(0, BLOCK_G)
         if MODE <= 1:
-            v_i = _load_tile(v, row64, valid, gc, D)
+            v_i = _load_tile(v, row64, valid, gc, D, grad_p.dtype.element_ty)
         if MODE <= 2:
-            z_i = _load_tile(z, row64, valid, gc, D)
+            z_i = _load_tile(z, row64, valid, gc, D, grad_p.dtype.element_ty)
     for e in range(0, tl.max(length, axis=0)):
         emask = e < length
         k = start + e
@@ -456,26 +497,30 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
         if MODE == 3:
             g = tl.load(gw + k, mask=emask, other=0.0)
         elif NUM_G_BLOCKS == 1:
-            dz = _load_tile(z, j, emask, gc, D) - z_i
+            dz = _load_tile(z, j, emask, gc, D, grad_p.dtype.element_ty) - z_i
             if MODE == 0:
-                g = tl.sum((v_i - _load_tile(v, j, emask, gc, D)) * dz, axis=1)
+                g = tl.sum((v_i - _load_tile(v, j, emask, gc, D, grad_p.dtype.element_ty)) * dz,
+                           axis=1)
             elif MODE == 1:
                 g = tl.sum(v_i * dz, axis=1)
             else:
-                g = -tl.sum(_load_tile(v, j, emask, gc, D) * dz, axis=1)
+                g = -tl.sum(_load_tile(v, j, emask, gc, D, grad_p.dtype.element_ty) * dz,
+                            axis=1)
             g = tl.where(emask, g, 0.0)
         else:
-            g = _edge_grad(v, z, row64, j, emask, D, MODE, BLOCK_G, NUM_G_BLOCKS)
+            g = _edge_grad(v, z, row64, j, emask, D, MODE, grad_p.dtype.element_ty, BLOCK_G,
+                           NUM_G_BLOCKS)
         if NUM_H_BLOCKS == 1:
-            p_j = _load_tile(p, j, emask, hc, H)
-            q_j = _load_tile(q, j, emask, hc, H)
+            p_j = _load_tile(p, j, emask, hc, H, grad_p.dtype.element_ty)
+            q_j = _load_tile(q, j, emask, hc, H, grad_p.dtype.element_ty)
             pi, rho = _pi_rho_tile(p_i, q_i, p_j, q_j, F64)
         else:
-            pi, rho = _pi_rho(p, q, row64, j, emask, H, BLOCK_H, NUM_H_BLOCKS, F64)
+            pi, rho = _pi_rho(p, q, row64, j, emask, H, grad_p.dtype.element_ty, BLOCK_H,
+                              NUM_H_BLOCKS, F64)
             m2 = emask[:, None] & hmask[None, :]
             off_j = j[:, None] * H + hc[None, :]
-            p_j = tl.load(p + off_j, mask=m2, other=0.0)
-            q_j = tl.load(q + off_j, mask=m2, other=0.0)
+            p_j = tl.load(p + off_j, mask=m2, other=0.0).to(grad_p.dtype.element_ty)
+            q_j = tl.load(q + off_j, mask=m2, other=0.0).to(grad_p.dtype.element_ty)
         s = 1.0 / (rho + eps)
         t, t_s2 = _tanh_sech2(s, TANH_SMALL)
         phi, phi_s2 = _tanh_sech2(tl.abs(pi), TANH_SMALL)
@@ -487,7 +532,7 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
         acc_p += cp[:, None] * p_j
         acc_q += cq[:, None] * q_j
         cq_sum += cq
-    gq = cq_sum[:, None] * _load_tile(q, row64, valid, hc, H) - acc_q
+    gq = cq_sum[:, None] * _load_tile(q, row64, valid, hc, H, grad_p.dtype.element_ty) - acc_q
     whole = valid & (slot < 0)
     m_whole = whole[:, None] & hmask[None, :]
     off = row64[:, None] * H + hc[None, :]
@@ -548,7 +593,7 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
     num_parts = (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d
     if part is None or part.numel() != 2 * num_parts:
         part = y.new_empty(2 * num_parts, dtype=torch.float64)
-    scratch = y.new_empty(max(sched.num_slots, 1), d)
+    scratch = cy.new_empty(max(sched.num_slots, 1), d)  # partial sums: the compute dtype
     has_rs = rs is not None
     rs_arg = rs if has_rs else cy
     _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b, cy, rs_arg, out, scratch, part, done,
@@ -576,8 +621,8 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
     grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
     part = p.new_empty(2 * (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d,
                        dtype=torch.float64)
-    scratch = p.new_empty(max(sched.num_slots, 1), d if has_step else 1)
-    scratch_kappa = p.new_empty(max(sched.num_slots, 1))
+    scratch = a.new_empty(max(sched.num_slots, 1), d if has_step else 1)
+    scratch_kappa = a.new_empty(max(sched.num_slots, 1))
     if not has_step:  # placeholders the kernel never touches
         x = z = out = chi
         done = part
@@ -585,8 +630,8 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
                               w_out, kappa_out, out, scratch, scratch_kappa, part, done, d, h,
                               HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d, BLOCK_H=block_h,
                               NUM_H_BLOCKS=triton.cdiv(h, block_h),
-                              TANH_SMALL=_TANH_SMALL[p.dtype],
-                              F64=p.dtype == torch.float64, num_warps=warps)
+                              TANH_SMALL=_TANH_SMALL[a.dtype],
+                              F64=a.dtype == torch.float64, num_warps=warps)
     if sched.num_heavy:
         _neural_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
                                        sched.num_heavy, consts, chi, x, z, kappa_out, out,
@@ -608,8 +653,8 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
     warps = _warps(rows, max(block_h, block_g))
     tiles_h = triton.cdiv(h, block_h)
     grid = (triton.cdiv(sched.num_segments, rows), tiles_h)
-    scratch_p = p.new_empty(max(sched.num_slots, 1), h)
-    scratch_q = p.new_empty(max(sched.num_slots, 1), h)
+    scratch_p = grad_p.new_empty(max(sched.num_slots, 1), h)
+    scratch_q = grad_p.new_empty(max(sched.num_slots, 1), h)
     z_arg = z if z is not None else p
     v_arg = v if v is not None else p
     gw_arg = gw if gw is not None else a
@@ -618,8 +663,8 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
                               ACCUMULATE=accumulate, ROWS=rows, BLOCK_H=block_h,
                               NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
                               NUM_G_BLOCKS=triton.cdiv(d, block_g),
-                              TANH_SMALL=_TANH_SMALL[p.dtype],
-                              F64=p.dtype == torch.float64, num_warps=warps)
+                              TANH_SMALL=_TANH_SMALL[grad_p.dtype],
+                              F64=grad_p.dtype == torch.float64, num_warps=warps)
     if sched.num_heavy:
         grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_h)
         _weight_grad_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first,
@@ -628,7 +673,3 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
                                             ROWS=rows, BLOCK_H=block_h,
                                             num_warps=_warps(rows, block_h))
 
-
-# True when the kernels above were defined under TRITON_INTERPRET=1: they then run on CPU
-# tensors, in NumPy, slowly (for tests). (What triton.jit returned says it in every version.)
-INTERPRETED = not isinstance(_csr_fma_kernel, triton.runtime.jit.JITFunction)

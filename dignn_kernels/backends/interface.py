@@ -18,7 +18,13 @@ optional fused solve:
   (grad_x, grad_chi, grad_p, grad_q, stats)``), with the semantics of
   :func:`dignn_kernels.solvers.fixed_point`. Only where it is measured faster than the
   solvers' loop over the passes: the compiled backends keep theirs (one C++ loop, no Python
-  per sweep; see :mod:`dignn_kernels.backends.compiled`).
+  per sweep; see :mod:`dignn_kernels.backends.compiled`);
+- ``storage_dtypes``: the 16-bit dtypes (of :data:`STORAGE_DTYPES`) in which the backend's
+  passes take the iterates ``y``/``z``/``v`` and the projections ``p``, ``q`` (the solve's
+  ``storage_dtype``): they load them, compute and accumulate in the dtype of the edge values
+  and row coefficients (float32 or float64) and write the row pass's output in ``y``'s dtype,
+  rounded to nearest. Edge weights, kappa and the gradient outputs stay in that compute dtype.
+  Empty: the passes take every tensor in one dtype (float32 or float64).
 
 The passes are raw: no autograd, no graph-data check. The solvers call them below the one
 autograd registration of the solve (:mod:`dignn_kernels.solvers.op`); the arguments are
@@ -40,7 +46,11 @@ from typing import Callable, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "GradientPass"]
+__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "GradientPass",
+           "STORAGE_DTYPES"]
+
+# The dtypes a solve may store its iterates and projections in (``storage_dtype``).
+STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
 
 class NeuralEdgeWeights(Protocol):
@@ -69,10 +79,12 @@ class FusedSolve:
 
 @dataclass(frozen=True)
 class Backend:
-    """One backend: its name, where it runs, its passes and its optional fused solve."""
+    """One backend: its name, where it runs, its passes, its optional fused solve and the
+    16-bit storage dtypes its passes take."""
     name: str
     available: Callable[[torch.device], bool]
     neural_edge_weights: NeuralEdgeWeights
     row_pass: RowPass
     gradient_pass: GradientPass
     fused_solve: Optional[FusedSolve] = None
+    storage_dtypes: Tuple[torch.dtype, ...] = ()

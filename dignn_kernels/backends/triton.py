@@ -15,6 +15,12 @@ Triton runs on CUDA tensors; on CPU tensors only under the Triton interpreter
 (``TRITON_INTERPRET=1`` in the environment before this module first launches a kernel), which
 is how the test suite exercises every kernel on machines without a GPU. :func:`available`
 says whether the backend can run on a device.
+
+16-bit storage (``storage_dtypes``): the row pass takes y (and b) in bfloat16 or float16 and
+returns its output in y's dtype; the edge weights and the gradient pass take p, q (and z, v)
+in 16 bits too. The edge values ``a``, the row coefficients and the weights stay in the
+compute dtype (float32 or float64), which is that of w, kappa and the gradients; the kernels
+widen every 16-bit load to it (see :mod:`._triton_jit`).
 """
 import importlib
 import importlib.util
@@ -27,9 +33,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..checks import (check_edge_values, check_features, check_projections, check_transposed,
-                      check_values)
-from .interface import Backend
+from ..checks import (check_compute_dtype, check_edge_values, check_features,
+                      check_projections, check_transposed, check_values)
+from .interface import STORAGE_DTYPES, Backend
 from .registration import register_edge_weights_autograd
 from .schedule import TRITON_SEGMENT_EDGES
 
@@ -232,27 +238,44 @@ def _flag(device: torch.device, value: int = 0) -> Tensor:
 _LIB = "dignn_triton"
 
 
+def _compute_like(stored: Tensor, compute: Tensor) -> Tensor:
+    """The tensor whose dtype is the pass's compute dtype: ``stored`` itself unless it is
+    16-bit storage, then ``compute`` (the edge values or coefficients)."""
+    return compute if stored.dtype in STORAGE_DTYPES else stored
+
+
+def _check_stored_projections(p: Tensor, q: Tensor, a: Tensor, n: int, rowptr: Tensor
+                              ) -> Tensor:
+    """p and q: in the compute dtype, or both in one 16-bit storage dtype with ``a`` in the
+    compute dtype. Returns the tensor whose dtype the others must have."""
+    check_features(p, "p", n, rowptr, storage_ok=True)
+    check_values(q, "q", p.shape, p, rowptr)
+    like = _compute_like(p, a)
+    check_compute_dtype(like, "a")
+    return like
+
+
 @torch.library.custom_op(f"{_LIB}::neural_edge_weights", mutates_args=())
 def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                          eps: float) -> Tuple[Tensor, Tensor]:
     n = _checked_graph(rowptr, col, a, "a")
-    check_projections(p, q, p, n, rowptr)
-    check_values(a, "a", [col.numel()], p, rowptr)
+    like = _check_stored_projections(p, q, a, n, rowptr)
+    check_values(a, "a", [col.numel()], like, rowptr)
     if not eps > 0.0:
         raise RuntimeError(f"eps must be > 0, got {eps}")
-    w = p.new_empty(col.numel())
-    kappa = p.new_empty(n)
+    w = a.new_empty(col.numel())
+    kappa = a.new_empty(n)
     if n:
         _jit().neural_step(schedule_for(rowptr, col.numel()), col.contiguous(), a.contiguous(),
-                           p.contiguous(), q.contiguous(), _consts((1.0, eps), p.dtype,
-                                                                   p.device),
-                           p.new_zeros(n), None, None, w, kappa, None, None)
+                           p.contiguous(), q.contiguous(), _consts((1.0, eps), a.dtype,
+                                                                   a.device),
+                           a.new_zeros(n), None, None, w, kappa, None, None)
     return w, kappa
 
 
 @_neural_edge_weights.register_fake
 def _(rowptr, col, a, p, q, eps):
-    return p.new_empty(col.shape[0]), p.new_empty(rowptr.shape[0] - 1)
+    return a.new_empty(col.shape[0]), a.new_empty(rowptr.shape[0] - 1)
 
 
 def _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
@@ -305,11 +328,13 @@ def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
 def _csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
              rs: Tensor) -> Tensor:
     n = _checked_graph(rowptr, col, w, "w")
-    check_features(y, "y", n, rowptr)
-    check_values(b, "b", y.shape, y, rowptr)
-    check_values(w, "w", [col.numel()], y, rowptr)
-    check_values(cy, "cy", [n], y, rowptr)
-    check_values(rs, "rs", [n], y, rowptr)
+    check_features(y, "y", n, rowptr, storage_ok=True)
+    like = _compute_like(y, w)  # a 16-bit y: w, cy and rs in the compute dtype
+    check_compute_dtype(like, "w")
+    check_values(b, "b", y.shape, like, rowptr, storage_ok=True)
+    check_values(w, "w", [col.numel()], like, rowptr)
+    check_values(cy, "cy", [n], like, rowptr)
+    check_values(rs, "rs", [n], like, rowptr)
     return _fma(rowptr, col, w, y, b, cy, rs)
 
 
@@ -320,13 +345,14 @@ def _(rowptr, col, w, y, b, cy, rs):
 
 def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
     """dl/dp, dl/dq with G_ij = v_i . (z_j - z_i): one pass over the rows on a symmetric
-    graph (transposed None), else the CSR's pass and the transposed CSR's pass, added."""
+    graph (transposed None), else the CSR's pass and the transposed CSR's pass, added. The
+    gradients have a's dtype (the compute dtype, also for 16-bit p, q, z, v)."""
     jit = _jit()
-    grad_p = torch.empty_like(p, memory_format=torch.contiguous_format)
-    grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+    grad_p = p.new_empty(p.shape, dtype=a.dtype)
+    grad_q = q.new_empty(q.shape, dtype=a.dtype)
     if p.shape[0] == 0:
         return grad_p, grad_q
-    consts = _consts((1.0, eps), p.dtype, p.device)
+    consts = _consts((1.0, eps), a.dtype, p.device)
     ac, pc, qc, zc, vc = (t.contiguous() for t in (a, p, q, z, v))
     sched = schedule_for(rowptr, col.numel())
     if transposed is None:
@@ -347,10 +373,14 @@ def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
                         t_col: Optional[Tensor] = None,
                         t_perm: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     n = _checked_graph(rowptr, col, a, "a")
-    check_features(z, "z", n, rowptr)
-    check_values(v, "v", z.shape, z, rowptr)
-    check_projections(p, q, z, n, rowptr)
-    check_values(a, "a", [col.numel()], z, rowptr)
+    check_features(z, "z", n, rowptr, storage_ok=True)
+    like = _compute_like(z, a)  # a 16-bit z: a (and the gradients) in the compute dtype
+    check_compute_dtype(like, "a")
+    check_values(v, "v", z.shape, like, rowptr, storage_ok=True)
+    check_features(p, "p", n, rowptr, storage_ok=True)
+    check_values(q, "q", p.shape, like, rowptr, storage_ok=True)
+    check_values(p, "p", q.shape, like, rowptr, storage_ok=True)
+    check_values(a, "a", [col.numel()], like, rowptr)
     directed = check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
     return _weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
                              (t_rowptr, t_col, t_perm) if directed else None)
@@ -358,7 +388,7 @@ def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
 
 @_neural_weight_grad.register_fake
 def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
-    return torch.empty_like(p), torch.empty_like(q)
+    return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
 
 
 def _gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
@@ -369,4 +399,4 @@ _ops = torch.ops.dignn_triton
 
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-                 gradient_pass=_gradient_pass)
+                 gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES)

@@ -10,6 +10,15 @@ and, for the neural Laplacian, dl/dp and dl/dq from the backend's gradient pass 
 v = ca.u. Following PyTorch's extension-cpp example, the op is a ``torch.library`` custom op
 with a fake kernel (so ``torch.compile`` traces the layer whole) and its backward is a second
 custom op, so that it is traced too.
+
+With a 16-bit ``storage_dtype`` (fixed point, on a backend whose
+:attr:`~dignn_kernels.backends.interface.Backend.storage_dtypes` has it) the iterates of both
+solves, and the z and v the gradient pass gathers, are stored in that dtype (:func:`_stored`);
+the op returns z and the gradients in x's dtype. The projections p, q stay in x's dtype: the
+edge weights' derivatives in them (tanh(|p_i . p_j|), with its kink at 0 and its saturation)
+turn a 16-bit rounding of p into errors of 2 % (float16) to 55 % (bfloat16) on the Θ
+gradients (bench/results/storage_dtype_cpu.json, "p_q_16bit_too"), and only two passes of a
+step read them, against some 18 row passes over the iterates.
 """
 import warnings
 import weakref
@@ -18,7 +27,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..backends import BACKENDS, get_backend
+from ..backends import (BACKENDS, available_backends, check_backend_storage,
+                        check_storage_dtype, get_backend)
 from ..checks import (check_features, check_graph_data, check_projections, check_scalars,
                       check_transposed, check_values)
 from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
@@ -90,6 +100,11 @@ def _fused(backend_name: str, solver: str):
     return get_backend(backend_name).fused_solve if solver == "fixed_point" else None
 
 
+def _stored(t: Optional[Tensor], storage_dtype: Optional[torch.dtype]) -> Optional[Tensor]:
+    """``t`` as the passes take it: in ``storage_dtype`` when one is given."""
+    return t if t is None or storage_dtype is None else t.to(storage_dtype)
+
+
 def _with_flag(stats: Tensor, flag: Tensor) -> Tensor:
     """A fused loop's [iterations, residual, relative] with the diverged flag appended."""
     return torch.cat([stats, flag.reshape(1).to(stats.dtype)])
@@ -101,10 +116,13 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
                     t_rowptr: Optional[Tensor], t_col: Optional[Tensor],
                     t_perm: Optional[Tensor], diag_index: Optional[Tensor], mu: float,
                     eps: float, max_iter: int, tol: float, solver: str, backend: str,
-                    check_every: int, window: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                    check_every: int, window: int, storage_dtype: Optional[torch.dtype] = None
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The equilibrium with ``solver`` on the passes of ``backend``. Returns (z, w, kappa,
     stats): w the neural edge weights (empty for fixed weights), kappa the diagonal of L,
     stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
+    if storage_dtype is not None:
+        check_backend_storage(backend, storage_dtype)
     fused = _fused(backend, solver)
     if fused is not None:
         z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
@@ -116,15 +134,15 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
                                    kappa, mu, eps, t_rowptr, t_col, t_perm, diag_index)
     out = solve_forward(system, x, solver, max_iter=max_iter, tol=tol,
                         check_every=_effective_check_every(check_every, x.device, solver),
-                        window=window)
+                        window=window, storage_dtype=storage_dtype)
     w_out = w if p is not None else x.new_empty(0)
-    return out.solution, w_out, kappa_out.clone() if kappa_out is kappa else kappa_out, \
-        out.stats()
+    return out.solution.to(x.dtype), w_out, \
+        kappa_out.clone() if kappa_out is kappa else kappa_out, out.stats()
 
 
 @_implicit_solve.register_fake
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index, mu,
-      eps, max_iter, tol, solver, backend, check_every, window):
+      eps, max_iter, tol, solver, backend, check_every, window, storage_dtype=None):
     w = x.new_empty(col.shape[0]) if p is not None else x.new_empty(0)
     stats = torch.empty(4, dtype=torch.float64, device=x.device)
     return torch.empty_like(x), w, x.new_empty(rowptr.shape[0] - 1), stats
@@ -137,12 +155,16 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
                              diag_index: Optional[Tensor], x: Tensor, chi: Tensor,
                              p: Optional[Tensor], q: Optional[Tensor], z: Tensor,
                              grad_z: Tensor, mu: float, eps: float, max_iter: int, tol: float,
-                             solver: str, backend: str, check_every: int,
-                             window: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                             solver: str, backend: str, check_every: int, window: int,
+                             storage_dtype: Optional[torch.dtype] = None
+                             ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
     dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
     gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
-    and grad_q are empty for fixed weights."""
+    and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates and
+    the z, v the gradient pass reads are in that dtype, the results in x's."""
+    if storage_dtype is not None:
+        check_backend_storage(backend, storage_dtype)
     fused = _fused(backend, solver)
     neural = p is not None
     if fused is not None:
@@ -155,21 +177,23 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
                            t_rowptr, t_col, t_perm, diag_index, w=w if neural else None)
     out = solve_adjoint(system, grad_z.contiguous(), solver, max_iter=max_iter, tol=tol,
                         check_every=_effective_check_every(check_every, x.device, solver),
-                        window=window)
+                        window=window, storage_dtype=storage_dtype)
     u = out.solution
-    grad_chi = chi_gradient(u, x, z, system.ca, mu)
+    grad_chi = chi_gradient(u.to(x.dtype), x, z, system.ca, mu)
     if neural:
-        v = edge_gradient_weights(u, system.ca)
-        grad_p, grad_q = passes.gradient_pass(rowptr, col, edge_value, p, q, z, v, eps,
-                                              t_rowptr, t_col, t_perm)
+        v = _stored(edge_gradient_weights(u, system.ca), storage_dtype)
+        grad_p, grad_q = passes.gradient_pass(rowptr, col, edge_value, p, q,
+                                              _stored(z, storage_dtype), v, eps, t_rowptr,
+                                              t_col, t_perm)
     else:
         grad_p, grad_q = x.new_empty(0), x.new_empty(0)
-    return u, grad_chi, grad_p, grad_q, out.stats()
+    return u.to(x.dtype), grad_chi, grad_p, grad_q, out.stats()
 
 
 @_implicit_solve_backward.register_fake
 def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p, q, z,
-      grad_z, mu, eps, max_iter, tol, solver, backend, check_every, window):
+      grad_z, mu, eps, max_iter, tol, solver, backend, check_every, window,
+      storage_dtype=None):
     grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
     grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
     return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,
@@ -178,19 +202,19 @@ def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x,
 
 def _solve_setup_context(ctx, inputs, output):
     (rowptr, col, edge_value, x, chi, p, q, _kappa, t_rowptr, t_col, t_perm, diag_index, mu,
-     eps, max_iter, tol, solver, backend, check_every, window) = inputs
+     eps, max_iter, tol, solver, backend, check_every, window, storage_dtype) = inputs
     z, w, kappa, stats = output
     ctx.mark_non_differentiable(w, kappa, stats)
     ctx.save_for_backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
                           diag_index, x, chi, p, q, z)
-    ctx.config = (mu, eps, max_iter, tol, solver, backend, check_every, window)
+    ctx.config = (mu, eps, max_iter, tol, solver, backend, check_every, window, storage_dtype)
     ctx.stats_key = weakref.ref(stats) if type(stats) is torch.Tensor else None
     ctx.neural = p is not None
 
 
 def _solve_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
     if grad_z is None:
-        return (None,) * 20
+        return (None,) * 21
     grad_x, grad_chi, grad_p, grad_q, stats = torch.ops.dignn.implicit_solve_backward(
         *ctx.saved_tensors, grad_z, *ctx.config)
     forward_stats = ctx.stats_key() if ctx.stats_key is not None else None
@@ -198,7 +222,7 @@ def _solve_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
         _file_backward_stats(forward_stats, stats)
     if not ctx.neural:
         grad_p = grad_q = None
-    return (None, None, None, grad_x, grad_chi, grad_p, grad_q) + (None,) * 13
+    return (None, None, None, grad_x, grad_chi, grad_p, grad_q) + (None,) * 14
 
 
 torch.library.register_autograd("dignn::implicit_solve", _solve_backward,
@@ -280,7 +304,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
                        diag_index: Optional[Tensor] = None,
                        host_checks: Optional[bool] = None,
-                       trusted: bool = False) -> Tuple[Tensor, Tensor]:
+                       trusted: bool = False,
+                       storage_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 10), differentiable in
     x, chi, p and q by implicit differentiation.
 
@@ -301,7 +326,15 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     - ``host_checks``: read the stats on the host to warn (None: whenever
       :func:`host_reads_allowed`; False: never, so the call does not synchronize);
     - ``trusted``: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
-      once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`.
+      once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`;
+    - ``storage_dtype``: None (everything in x's dtype) or ``torch.bfloat16`` /
+      ``torch.float16``: the iterates of the solve and of its adjoint are stored in that
+      dtype (the last iteration, computed from the last stored iterate, is kept wide) while
+      every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa, chi, the row
+      coefficients and the convergence norms stay wide, and z and the gradients come back in
+      x's dtype. Fixed point only, on a backend that
+      supports it (:func:`dignn_kernels.backends.storage_backends`: ``"triton"`` and
+      ``"torch"``); with ``backend=None`` the first of them available on x's device.
 
     The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
     once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual
@@ -309,10 +342,19 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     residual, diverged] (float64, on the device); :func:`backward_stats` gives the same of
     the adjoint solve once a backward ran. A diverging or non-converging solve gives a
     :class:`DivergenceWarning` naming mu."""
+    storage_dtype = check_storage_dtype(storage_dtype)
+    if storage_dtype is not None and solver != "fixed_point":
+        raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' only "
+                         f"(cg and anderson keep their iterates in the compute dtype); got "
+                         f"solver={solver!r}. Pass solver='fixed_point' or storage_dtype=None.")
     if backend is None:
-        backend = "cuda" if x.is_cuda else "cpu"
+        if storage_dtype is None:
+            backend = "cuda" if x.is_cuda else "cpu"
+        else:
+            backend = available_backends(x.device, col.numel(), storage_dtype)[0]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend_storage(backend, storage_dtype)
     check_scalars(mu=mu, eps=eps, max_iter=max_iter, tol=tol)
     if check_every is not None:
         check_every_arg(check_every)
@@ -327,7 +369,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     z, _, _, stats = torch.ops.dignn.implicit_solve(
         rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
         float(mu), float(eps), max_iter, float(tol), solver, backend,
-        -1 if check_every is None else check_every, window)
+        -1 if check_every is None else check_every, window, storage_dtype)
     if host_checks:
         warn_if_diverged(stats, solver, mu, tol)
     return z, stats

@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--dtype", choices=["float32", "float64"], default=None,
                       help="the model's parameters and features (default float32; float64 "
                            "to compare runs to rounding, e.g. distributed against one process)")
+    over.add_argument("--storage-dtype", choices=["bfloat16", "float16"], default=None,
+                      help="store the implicit layer's iterates in 16 bits, sums in float32 "
+                           "(fixed_point solver; backend triton or torch, auto picks one)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")

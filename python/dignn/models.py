@@ -36,6 +36,19 @@ from torch import Tensor, nn
 
 from dignn_kernels import FusedImplicitDiffusion
 
+_STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _storage_dtype(value):
+    """A storage_dtype given by name (the CLI's and TrainConfig's) as the torch dtype; a
+    torch dtype or None as is (FusedImplicitDiffusion validates it)."""
+    if isinstance(value, str):
+        if value not in _STORAGE_DTYPES:
+            raise ValueError(f"storage_dtype must be None, 'bfloat16' or 'float16', got "
+                             f"{value!r}")
+        return _STORAGE_DTYPES[value]
+    return value
+
 __all__ = ["INPUT_UNITS", "DIGNN_LAPLACIANS", "DIGNNNodeClassifier", "DIGNNGraphClassifier",
            "adjacency_matrix", "NodeShard"]
 
@@ -185,6 +198,8 @@ class DIGNNNodeClassifier(nn.Module):
         dropout: dropout rate after each layer.
         metric_channels: width h of the neural Laplacian's projections (default ``hidden``).
         backend: the implicit layer's backend (see :class:`FusedImplicitDiffusion`).
+        storage_dtype: None, ``"bfloat16"`` or ``"float16"`` (or the torch dtype): the
+            implicit layer's iterates stored in 16 bits (see :class:`FusedImplicitDiffusion`).
         solver: the implicit layer's solver, ``"fixed_point"`` (the paper's iteration),
             ``"cg"`` (exact for every mu > 0 on symmetric graphs) or ``"anderson"``.
 
@@ -200,7 +215,7 @@ class DIGNNNodeClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.5,
                  metric_channels: Optional[int] = None, backend: str = "auto",
                  adj_norm: str = "none", solver: str = "fixed_point",
-                 input_dropout: Optional[float] = None):
+                 input_dropout: Optional[float] = None, storage_dtype=None):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -230,7 +245,8 @@ class DIGNNNodeClassifier(nn.Module):
         self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
                                                 metric_channels=metric_channels,
                                                 max_iter=max_iter, tol=tol, backend=backend,
-                                                solver=solver)
+                                                solver=solver,
+                                                storage_dtype=_storage_dtype(storage_dtype))
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -320,7 +336,7 @@ class DIGNNGraphClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
                  node_layers: int = 1, graph_layers: int = 1,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 solver: str = "fixed_point"):
+                 solver: str = "fixed_point", storage_dtype=None):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -339,7 +355,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
                                                 metric_channels=metric_channels,
                                                 max_iter=max_iter, tol=tol, backend=backend,
-                                                solver=solver)
+                                                solver=solver,
+                                                storage_dtype=_storage_dtype(storage_dtype))
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)

@@ -44,6 +44,7 @@ class TrainConfig:
     solver: str = "fixed_point"  # the implicit layer's solver: fixed_point (paper), cg, anderson
     spectral_norm: bool = False  # spectral normalization of Θχ, Θφ (the paper's mu study)
     dtype: str = "float32"  # the model's parameters and features: float32 or float64
+    storage_dtype: Optional[str] = None  # 16-bit iterates of the solves: bfloat16 or float16
 
     def replace(self, **changes) -> "TrainConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

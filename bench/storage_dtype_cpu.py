@@ -1,0 +1,181 @@
+"""16-bit storage (``storage_dtype``) on the CPU: speed and accuracy against float32.
+
+Speed: one training step of FusedImplicitDiffusion (forward + backward, h = d = 64, 10 + 10
+iterations, tol = 0) on cornell5 (18,660 nodes, 1,581,554 CSR entries) with the plain-PyTorch
+backend (the compiled "cpu" backend has no 16-bit storage), one intra-op thread, storage
+float32 / bfloat16 / float16 interleaved round by round (the machine is shared: the load
+average is recorded; the minimum over the rounds is the least disturbed). The relative
+differences of Z and of every gradient against the float32 step of the same run are
+recorded too.
+
+Accuracy design check (random graphs, n = 1000, d = h = 64, neural Laplacian, two losses):
+the implementation (iterates and adjoints 16-bit, last iteration wide, p and q kept in the
+compute dtype) against two variants it was chosen over: p and q also stored in 16 bits, and
+the last iteration rounded like the others.
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/storage_dtype_cpu.py \\
+        bench/results/storage_dtype_cpu.json
+"""
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels import backends
+from dignn_kernels.backends import pytorch as torch_backend
+from dignn_kernels.solvers import loops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import load_facebook100  # noqa: E402  (bench/conftest.py)
+
+CHANNELS = 64
+ITERS = 10
+ROUNDS = 7
+STORAGE = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def step_outputs(layer, x, edge_index):
+    xr = x.clone().requires_grad_()
+    z = layer(xr, edge_index)
+    z.square().sum().backward()
+    grads = {"z": z.detach(), "x": xr.grad}
+    grads.update({name: p.grad.clone() for name, p in layer.named_parameters()})
+    layer.zero_grad(set_to_none=True)
+    return grads
+
+
+def speed():
+    edge_index, n = load_facebook100("cornell5")
+    torch.manual_seed(0)
+    x = torch.randn(n, CHANNELS)
+    layers = {}
+    for name, dtype in STORAGE.items():
+        torch.manual_seed(0)
+        layers[name] = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
+                                                 backend="torch", storage_dtype=dtype)
+    outputs = {name: step_outputs(layer, x, edge_index) for name, layer in layers.items()}
+    times = {name: [] for name in STORAGE}
+    for _ in range(ROUNDS):
+        for name, layer in layers.items():
+            start = time.perf_counter()
+            step_outputs(layer, x, edge_index)
+            times[name].append(time.perf_counter() - start)
+    result = {}
+    for name in STORAGE:
+        ms = statistics.median(times[name]) * 1e3
+        result[name] = {"ms_per_step_median": round(ms, 1),
+                        "ms_per_step_min": round(min(times[name]) * 1e3, 1),
+                        "ms_per_step_all": [round(t * 1e3, 1) for t in times[name]],
+                        "iterations": layers[name].iterations,
+                        "backward_iterations": layers[name].backward_iterations,
+                        "relative_difference_to_float32": {
+                            k: float(f"{rel(v, outputs['float32'][k]):.3g}")
+                            for k, v in outputs[name].items()}}
+    for name in ("bfloat16", "float16"):
+        for stat in ("median", "min"):
+            result[name][f"speedup_over_float32_{stat}"] = round(
+                result["float32"][f"ms_per_step_{stat}"] / result[name][f"ms_per_step_{stat}"],
+                3)
+    return {"graph": "cornell5", "nodes": n, "csr_entries": dk.cached_graph(edge_index,
+                                                                             n).num_edges,
+            "backend": "torch", "threads": torch.get_num_threads(), "rounds": ROUNDS,
+            "load_average_after": os.getloadavg(), "steps": result}
+
+
+def _round_pq(storage_dtype):
+    """The torch backend with p and q rounded to storage_dtype in both passes that read them."""
+    base = backends.get_backend("torch")
+
+    def edge_weights(rowptr, col, a, p, q, eps):
+        return torch_backend.neural_edge_weights(rowptr, col, a, p.to(storage_dtype),
+                                                 q.to(storage_dtype), eps)
+
+    def gradient_pass(rowptr, col, a, p, q, z, v, eps, *transposed):
+        return torch_backend.gradient_pass(rowptr, col, a, p.to(storage_dtype),
+                                           q.to(storage_dtype), z, v, eps, *transposed)
+
+    import dataclasses
+    return dataclasses.replace(base, neural_edge_weights=edge_weights,
+                               gradient_pass=gradient_pass)
+
+
+def accuracy():
+    n, d = 1000, 64
+    original_last = loops._wide_last_iteration
+
+    def rounded_last(step, rhs, out, max_iter):
+        result = original_last(step, rhs, out, max_iter)
+        result.solution = result.solution.to(out.solution.dtype).to(rhs.dtype)
+        return result
+
+    rows = []
+    for kind in ("symmetric", "directed"):
+        gen = torch.Generator().manual_seed(0)
+        e = torch.randint(0, n, (2, 3 * n), generator=gen)
+        e = e[:, e[0] != e[1]]
+        ei = e if kind == "directed" else torch.cat([e, e.flip(0)], dim=1)
+        x = torch.randn(n, d, generator=gen)
+        for loss in ("linspace", "randn"):
+            weight = torch.linspace(-1, 1, n * d).view(n, d) if loss == "linspace" else \
+                torch.randn(n, d, generator=torch.Generator().manual_seed(3))
+
+            def run(storage_dtype, variant="implementation"):
+                torch.manual_seed(0)
+                layer = dk.FusedImplicitDiffusion(d, mu=3.0, backend="torch",
+                                                  storage_dtype=storage_dtype)
+                with torch.no_grad():
+                    for lin in (layer.theta_chi, layer.theta_phi, layer.theta_varphi):
+                        lin.weight.mul_(0.4 / lin.weight.abs().max())
+                saved = backends._REGISTRY["torch"]
+                if variant == "p_q_16bit_too":
+                    backends._REGISTRY["torch"] = _round_pq(storage_dtype)
+                if variant == "last_iteration_rounded":
+                    loops._wide_last_iteration = rounded_last
+                try:
+                    xr = x.clone().requires_grad_()
+                    z = layer(xr, ei)
+                    (z * weight).sum().backward()
+                finally:
+                    backends._REGISTRY["torch"] = saved
+                    loops._wide_last_iteration = original_last
+                out = {"z": z.detach(), "x": xr.grad}
+                out.update({k: p.grad for k, p in layer.named_parameters()})
+                return out
+
+            ref = run(None)
+            for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+                for variant in ("implementation", "p_q_16bit_too", "last_iteration_rounded"):
+                    got = run(dtype, variant)
+                    errors = {k: float(f"{rel(got[k], ref[k]):.3g}") for k in ref}
+                    rows.append({"graph": kind, "loss": loss, "storage": name,
+                                 "variant": variant, "max": max(errors.values()),
+                                 "relative_error_to_float32": errors})
+    return {"nodes": n, "channels": d, "metric_channels": d, "mu": 3.0, "max_iter": 10,
+            "tol": 1e-6, "rows": rows}
+
+
+def main(path):
+    torch.set_num_threads(1)
+    out = {"command": "PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/storage_dtype_cpu.py "
+                      "bench/results/storage_dtype_cpu.json",
+           "torch": torch.__version__, "cpu_count": os.cpu_count()}
+    out["speed_cornell5"] = speed()
+    out["accuracy_design"] = accuracy()
+    Path(path).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out["speed_cornell5"], indent=2))
+    for row in out["accuracy_design"]["rows"]:
+        print(row["graph"], row["loss"], row["storage"], row["variant"], row["max"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/storage_dtype_cpu.json")

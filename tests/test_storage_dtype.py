@@ -1,0 +1,330 @@
+"""16-bit storage of the solve (``storage_dtype``): the iterates of the fixed point and of its
+adjoint in bfloat16 or float16, every sum in float32.
+
+- the layer's Z and every gradient (x, the three Θ) within 1e-2 (relative, Frobenius) of the
+  float32 run, on the plain-PyTorch backend and on the Triton kernels (in Triton's interpreter
+  on the CPU, tests/conftest.py), on a symmetric graph, a directed one and one with guard rows
+  (chi = 0), and yet different from it;
+- storage really is 16-bit: the row pass is handed 16-bit iterates, and Z equals a dense
+  reference that rounds each iterate to the storage dtype by hand;
+- the Triton result equals the torch one to float32 accumulation order, pass by pass (heavy
+  rows included) and for the whole layer;
+- bad values, unsupported backends and solvers raise ValueError naming storage_dtype; the
+  compiled backends are unchanged (the solve op still takes its old arguments).
+"""
+import dataclasses
+
+import pytest
+import torch
+
+import dignn_kernels as dk
+from dignn_kernels import backends, laplacian, ops, reference
+from dignn_kernels.backends import triton as tb
+from conftest import make_graph, make_layer, rel_err, thetas
+
+STORAGE = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+KINDS = ["symmetric", "directed", "zero_rows"]  # zero_rows: x_i = 0 gives chi_i = 0, guarded
+TOL = 1e-2  # the goal: relative error of Z and of every gradient against float32
+
+
+def _triton_interpreted():
+    if not tb.available("cpu"):
+        pytest.skip("the Triton kernels were compiled for the GPU in this session "
+                    "(TRITON_INTERPRET unset)")
+
+
+def _run(kind, backend, storage_dtype, d=5, h=4, laplacian_name="neural", dtype=torch.float32,
+         **kwargs):
+    """Z and the gradients of a fixed loss, for the layer on a small graph of ``kind``."""
+    x, ei, w = make_graph(kind, n=24, d=d, dtype=dtype)
+    layer = make_layer(d, laplacian=laplacian_name, h=h, dtype=dtype, backend=backend,
+                       storage_dtype=storage_dtype, **kwargs)
+    xr = x.clone().requires_grad_()
+    z = layer(xr, ei, w)
+    weight = torch.linspace(-1.0, 1.0, z.numel(), dtype=dtype).view_as(z)
+    (z * weight).sum().backward()
+    out = {"z": z.detach(), "x": xr.grad}
+    out.update({name: t.grad for name, t in thetas(layer).items()})
+    return out, layer
+
+
+def _errors(run, ref):
+    return {name: rel_err(run[name], ref[name]) for name in ref}
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_backend_close_to_float32(kind, storage_dtype, one_thread):
+    ref, _ = _run(kind, "torch", None)
+    run, layer = _run(kind, "torch", storage_dtype)
+    assert layer.backend_used == "torch"
+    assert all(t.dtype == torch.float32 for t in run.values())  # the compute dtype comes back
+    errors = _errors(run, ref)
+    assert max(errors.values()) <= TOL, errors
+    assert errors["z"] > 1e-7, errors  # 16-bit storage is not float32 storage
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, one_thread):
+    """The Triton kernels with 16-bit iterates: within TOL of float32 and equal to the torch
+    backend's 16-bit run up to float32 accumulation order."""
+    _triton_interpreted()
+    ref, _ = _run(kind, "torch", None)
+    torch16, _ = _run(kind, "torch", storage_dtype)
+    run, layer = _run(kind, "triton", storage_dtype)
+    assert layer.backend_used == "triton"
+    errors = _errors(run, ref)
+    assert max(errors.values()) <= TOL, errors
+    assert errors["z"] > 1e-7, errors
+    same = _errors(run, torch16)
+    assert max(same.values()) <= 1e-5, same
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_fixed_laplacian_and_float64_compute(storage_dtype, one_thread):
+    """A fixed Laplacian (rw) in float32, and a float64 layer (the sums then run in float64)."""
+    for dtype, lap in ((torch.float32, "rw"), (torch.float64, "neural")):
+        ref, _ = _run("symmetric", "torch", None, laplacian_name=lap, dtype=dtype)
+        run, _ = _run("symmetric", "torch", storage_dtype, laplacian_name=lap, dtype=dtype)
+        assert all(t.dtype == dtype for t in run.values())
+        errors = _errors(run, ref)
+        assert max(errors.values()) <= TOL and errors["z"] > 1e-9, (dtype, lap, errors)
+
+
+def _spy_backend(monkeypatch, name):
+    """Records the dtypes (y, b, output) of every row pass of backend ``name``."""
+    seen = []
+    backend = backends.get_backend(name)
+
+    def row_pass(rowptr, col, w, y, b, cy, rs):
+        out = backend.row_pass(rowptr, col, w, y, b, cy, rs)
+        seen.append((y.dtype, b.dtype, w.dtype, out.dtype))
+        return out
+
+    monkeypatch.setitem(backends._REGISTRY, name,
+                        dataclasses.replace(backend, row_pass=row_pass))
+    return seen
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_row_pass_sees_16bit_iterates(storage_dtype, monkeypatch, one_thread):
+    """Forward and adjoint: every sweep but the last reads and writes a 16-bit iterate (the
+    right-hand side x or g and the weights stay float32); the last one is taken wide."""
+    seen = _spy_backend(monkeypatch, "torch")
+    layer = make_layer(5, dtype=torch.float32, backend="torch", storage_dtype=storage_dtype,
+                       max_iter=6, tol=0.0)
+    x, ei, w = make_graph("directed", dtype=torch.float32)
+    layer(x.requires_grad_(), ei, w).sum().backward()
+    stored = (storage_dtype, torch.float32, torch.float32, storage_dtype)
+    wide = (torch.float32,) * 4
+    # 6 iterations: Z_1 = round(X), 4 stored sweeps, the wide last one; the same adjoint
+    assert seen == ([stored] * 4 + [wide]) * 2, seen
+    assert layer.iterations == 6 and layer.backward_iterations == 6
+
+
+def _dense_rounded_solve(x, ei, w, layer, storage_dtype, max_iter):
+    """The fixed point written out densely from the paper's edge weights: Z_1 = round(X),
+    Z_{k+1} = round(X + cy.Z_k + ca.(W Z_k)) up to iteration max_iter - 1, the last
+    iteration unrounded (storage_dtype None: no rounding at all)."""
+    i, j, wij, chi = reference.graph_neural_laplacian(x, ei, w, **thetas(layer))
+    n = x.size(0)
+    dense = torch.zeros(n, n, dtype=x.dtype).index_put_((i, j), wij, accumulate=True)
+    cy, ca = laplacian.row_coefficients(chi, dense.sum(dim=1), layer.mu)
+
+    def rounded(t):
+        return t if storage_dtype is None else t.to(storage_dtype).to(x.dtype)
+
+    z = rounded(x)
+    for k in range(2, max_iter + 1):
+        z = x + cy[:, None] * z + ca[:, None] * (dense @ z)
+        if k < max_iter:
+            z = rounded(z)
+    return z
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_equals_dense_reference_with_explicit_rounding(storage_dtype, one_thread):
+    x, ei, w = make_graph("directed", dtype=torch.float32)
+    layer = make_layer(5, dtype=torch.float32, backend="torch", storage_dtype=storage_dtype,
+                       max_iter=10, tol=0.0)
+    with torch.no_grad():
+        z = layer(x, ei, w)
+        rounded = _dense_rounded_solve(x, ei, w, layer, storage_dtype, 10)
+        wide = _dense_rounded_solve(x, ei, w, layer, None, 10)
+    assert rel_err(z, rounded) <= 1e-6
+    assert rel_err(z, wide) >= 20 * max(rel_err(z, rounded), 1e-7)
+
+
+# ------------------------------------------------------------------- the passes --
+
+def _pass_inputs(storage_dtype, n=40, d=6, h=3, seed=0):
+    """A symmetric graph with a hub (its row is split into several segments when
+    SEGMENT_EDGES is small) and 16-bit iterates y, z, v and projections p, q."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(0, n, (2, 3 * n), generator=g)
+    hub = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    e = torch.cat([e[:, e[0] != e[1]], hub], dim=1)
+    graph = dk.build_graph(torch.cat([e, e.flip(0)], dim=1), n)
+    a, _ = graph.values(torch.float32)
+    m = graph.num_edges
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    return dict(graph=graph, a=a, w=r(m).abs(), y=r(n, d).to(storage_dtype), b=r(n, d),
+                cy=r(n), rs=r(n), p=(0.5 * r(n, h)).to(storage_dtype),
+                q=(0.5 * r(n, h)).to(storage_dtype), z=r(n, d).to(storage_dtype),
+                v=r(n, d).to(storage_dtype))
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("segment_edges", [4, 64], ids=["heavy_rows", "whole_rows"])
+def test_triton_passes_take_16bit(storage_dtype, segment_edges, monkeypatch, one_thread):
+    """Each Triton pass with 16-bit inputs against the torch pass: the row pass rounds its
+    output to nearest like torch (equal up to one 16-bit ulp where the float32 sums differ in
+    order), the edge weights and the gradients come back in float32."""
+    _triton_interpreted()
+    monkeypatch.setattr(tb, "SEGMENT_EDGES", segment_edges)
+    t = _pass_inputs(storage_dtype)
+    g = t["graph"]
+    args = (g.rowptr, g.col)
+    out_t = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="triton")
+    out_r = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="torch")
+    assert out_t.dtype == storage_dtype
+    ulp = torch.finfo(storage_dtype).eps * out_r.float().abs().clamp_min(1e-3)
+    assert bool(((out_t.float() - out_r.float()).abs() <= ulp).all())
+    assert (out_t == out_r).float().mean() >= 0.95  # most entries round identically
+    # the same sums with a float32 output: the 16-bit output is exactly their rounding
+    wide = ops.csr_fma(*args, t["w"], t["y"].float(), t["b"], t["cy"], t["rs"],
+                       backend="triton")
+    assert wide.dtype == torch.float32 and torch.equal(out_t, wide.to(storage_dtype))
+
+    ew_t = ops.neural_edge_weights(*args, t["a"], t["p"], t["q"], backend="triton",
+                                   trusted=True)
+    ew_r = ops.neural_edge_weights(*args, t["a"], t["p"], t["q"], backend="torch",
+                                   trusted=True)
+    for got, want in zip(ew_t, ew_r):
+        assert got.dtype == torch.float32 and rel_err(got, want) <= 1e-6
+
+    gr_t = ops.neural_weight_grad(*args, t["a"], t["p"], t["q"], t["z"], t["v"],
+                                  backend="triton", trusted=True)
+    gr_r = ops.neural_weight_grad(*args, t["a"], t["p"], t["q"], t["z"], t["v"],
+                                  backend="torch", trusted=True)
+    for got, want in zip(gr_t, gr_r):
+        assert got.dtype == torch.float32 and rel_err(got, want) <= 1e-5
+
+
+def test_triton_bfloat16_rounds_to_nearest_even(one_thread):
+    """The row pass's bfloat16 store rounds to nearest even, as torch (and the GPU) do, also
+    in the interpreter (whose own conversion truncates)."""
+    _triton_interpreted()
+    n = 8
+    rowptr = torch.zeros(n + 1, dtype=torch.long)  # no edges: out = b + cy.y
+    col = torch.zeros(0, dtype=torch.long)
+    # float32 values just above, at and below the midpoints of bfloat16 neighbours
+    base = torch.tensor([1.0, 1.0078125, -3.0, 0.15625, 100.0, -0.5, 7.0, 2.0 ** -20])
+    step = torch.finfo(torch.bfloat16).eps * base.abs() / 2  # half a bfloat16 ulp
+    b = torch.stack([base + step * 1.01, base + step, base + step * 0.99, base - step * 1.01],
+                    dim=1)
+    y = torch.zeros(n, 4, dtype=torch.bfloat16)
+    zeros = torch.zeros(n)
+    out = ops.csr_fma(rowptr, col, torch.zeros(0), y, b, zeros, zeros, backend="triton")
+    assert torch.equal(out, b.to(torch.bfloat16))
+
+
+# ------------------------------------------------------------------- the errors --
+
+@pytest.mark.parametrize("bad", [torch.float64, torch.float32, torch.int32, "bfloat16", 16,
+                                 True])
+def test_bad_storage_dtype(bad):
+    with pytest.raises(ValueError, match=r"storage_dtype must be None.*bfloat16.*float16"):
+        dk.FusedImplicitDiffusion(4, storage_dtype=bad)
+    x, ei, _ = make_graph("symmetric", dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0))
+    w, chi, kappa = g.fixed_laplacian("rw", torch.float32)
+    with pytest.raises(ValueError, match=r"storage_dtype must be None.*bfloat16.*float16"):
+        dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, kappa, mu=3.0,
+                              backend="torch", storage_dtype=bad)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_unsupported_backend_and_solver(storage_dtype):
+    support = r"\('triton', 'torch'\)"
+    for name in ("cpu", "cuda"):
+        with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='{name}'.*{support}"):
+            dk.FusedImplicitDiffusion(4, backend=name, storage_dtype=storage_dtype)
+    for solver in ("cg", "anderson"):
+        with pytest.raises(ValueError, match=r"storage_dtype=.*solver='fixed_point' only"):
+            dk.FusedImplicitDiffusion(4, solver=solver, storage_dtype=storage_dtype)
+    x, ei, _ = make_graph("symmetric", dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0))
+    w, chi, kappa = g.fixed_laplacian("rw", torch.float32)
+    call = dict(mu=3.0, storage_dtype=storage_dtype)
+    args = (g.rowptr, g.col, w, x, chi, None, None, kappa)
+    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cpu'.*{support}"):
+        dk.implicit_diffusion(*args, backend="cpu", **call)
+    with pytest.raises(ValueError, match=r"storage_dtype=.*solver='fixed_point' only"):
+        dk.implicit_diffusion(*args, backend="torch", solver="cg", **call)
+    # a layer whose backend is switched to a compiled one after construction
+    layer = make_layer(5, dtype=torch.float32, storage_dtype=storage_dtype)
+    layer.backend = "cpu"
+    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cpu'.*{support}"):
+        layer(x, ei)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_auto_and_default_pick_a_supporting_backend(storage_dtype, one_thread):
+    assert backends.get_backend("cpu").storage_dtypes == ()
+    assert backends.storage_backends(storage_dtype) == ("triton", "torch")
+    assert "cpu" not in backends.available_backends(torch.device("cpu"), 100, storage_dtype)
+    layer = make_layer(5, dtype=torch.float32, storage_dtype=storage_dtype)
+    x, ei, _ = make_graph("symmetric", dtype=torch.float32)
+    layer(x, ei)
+    assert layer.backend_used == "torch"  # auto on the CPU: the compiled backend cannot
+    assert "storage_dtype" in repr(layer)
+    g = dk.build_graph(ei, x.size(0))
+    w, chi, kappa = g.fixed_laplacian("rw", torch.float32)
+    z16, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, kappa, mu=3.0,
+                                   storage_dtype=storage_dtype)  # backend None: torch here
+    z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, kappa, mu=3.0,
+                                 backend="torch", storage_dtype=storage_dtype)
+    assert torch.equal(z16, z)
+
+
+def test_compiled_backend_unchanged(one_thread):
+    """storage_dtype=None is today's solve: the compiled backend's layer equals the torch one,
+    and the solve op still takes its arguments without storage_dtype (forward and backward)."""
+    x, ei, w = make_graph("directed", dtype=torch.float32)
+    out = {}
+    for name in ("cpu", "torch"):
+        out[name], _ = _run("directed", name, None)
+    assert max(_errors(out["cpu"], out["torch"]).values()) <= 1e-5
+    g = dk.build_graph(ei, x.size(0))
+    wv, chi, kappa = g.fixed_laplacian("rw", torch.float32)
+    xr = x.clone().requires_grad_()
+    t = g.transposed()
+    z, _, _, _ = torch.ops.dignn.implicit_solve(g.rowptr, g.col, wv, xr, chi, None, None, kappa,
+                                                *t, None, 3.0, 1e-6, 10, 1e-6, "fixed_point",
+                                                "cpu", -1, 5)
+    z.sum().backward()
+    z_ref, _ = dk.implicit_diffusion(g.rowptr, g.col, wv, x, chi, None, None, kappa, mu=3.0,
+                                     backend="cpu", t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+    assert torch.equal(z.detach(), z_ref) and xr.grad is not None
+
+
+def test_training_config_and_cli_option():
+    """``dignn train --storage-dtype bfloat16`` reaches the layer through TrainConfig."""
+    from dignn import models
+    from dignn.cli import build_parser
+    from dignn.presets import TrainConfig
+    args = build_parser().parse_args(["train", "--dataset", "cora", "--storage-dtype",
+                                      "bfloat16"])
+    assert args.storage_dtype == "bfloat16"
+    model = models.DIGNNNodeClassifier(5, 8, 3, storage_dtype=TrainConfig(
+        storage_dtype="float16").storage_dtype)
+    assert model.diffusion.storage_dtype == torch.float16
+    graph_model = models.DIGNNGraphClassifier(5, 8, 3, storage_dtype=torch.bfloat16)
+    assert graph_model.diffusion.storage_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="storage_dtype must be None, 'bfloat16' or"):
+        models.DIGNNNodeClassifier(5, 8, 3, storage_dtype="bf16")
