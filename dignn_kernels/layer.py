@@ -1,6 +1,6 @@
 """``FusedImplicitDiffusion``: DIGNN's implicit graph diffusion layer on the fused kernels."""
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor, nn

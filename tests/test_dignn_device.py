@@ -189,9 +189,10 @@ def test_default_run_gives_no_warning(capsys):
 
 
 def test_cli_choices_are_the_layers():
-    """The CLI spells the layer's solvers and backends out (it imports no torch for --help);
+    """The CLI spells the layer's solvers, backends and node orders out (it imports no torch for --help);
     they are the library's."""
     import dignn_kernels as dk
     from dignn import catalog
     assert catalog.SOLVERS == dk.SOLVERS
     assert catalog.BACKENDS == ("auto",) + dk.backends.BACKENDS == dk.BACKENDS
+    assert catalog.REORDERINGS == dk.reorder.REORDERINGS

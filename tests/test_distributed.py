@@ -330,3 +330,10 @@ def test_layer_input_errors(world_of_one):
     with pytest.raises(ValueError, match=r"edge_weight goes into the partition: pass it to "
                                          r"partition\("):
         layer(x, graph, w)
+    half = make_layer(3, "neural", dtype=F64, storage_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"storage_dtype=torch.bfloat16 is not supported on a "
+                                         r"DistributedGraph"):
+        half(x, graph)
+    renumbering = make_layer(3, "neural", dtype=F64, reorder="rcm")
+    with pytest.raises(ValueError, match=r"reorder='rcm' renumbers a graph the layer builds"):
+        renumbering(x, graph)

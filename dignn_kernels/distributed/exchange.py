@@ -9,7 +9,7 @@ a peer that died or stopped answering makes it raise there, and the error is re-
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import torch
 import torch.distributed as dist

@@ -99,6 +99,14 @@ def distributed_forward(layer, x: Tensor, graph: DistributedGraph,
     if edge_weight is not None:
         raise ValueError("edge_weight goes into the partition: pass it to partition(edge_index, "
                          "num_nodes, parts, edge_weight=...), not with a DistributedGraph")
+    if layer.storage_dtype is not None:
+        raise ValueError(f"storage_dtype={layer.storage_dtype} is not supported on a "
+                         f"DistributedGraph yet: build the layer with storage_dtype=None for "
+                         f"partitioned graphs")
+    if layer.reorder != "none":
+        raise ValueError(f"reorder={layer.reorder!r} renumbers a graph the layer builds; a "
+                         f"DistributedGraph keeps its partition's order: build the layer with "
+                         f"reorder='none' for partitioned graphs")
     host_checks = layer._check_x(x)
     if x.size(0) != graph.num_owned:
         raise ValueError(f"x has {x.size(0)} rows but rank {graph.rank} owns "

@@ -2,7 +2,7 @@
 answers without loading torch (:mod:`dignn.data` holds the loaders behind these names)."""
 from typing import Dict
 
-__all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS"]
+__all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS", "REORDERINGS"]
 
 # dataset name -> task ("node", "graph", or "multilabel": node labels across graphs)
 DATASETS: Dict[str, str] = {
@@ -21,6 +21,8 @@ DEVICE_HELP = ("where to train: auto (the GPU when one is visible, else the CPU)
                "or cuda:N (default: auto)")
 
 # The layer's choices, spelled out here so that `dignn --help` imports no torch; a test holds
-# them to dignn_kernels.SOLVERS and ("auto",) + dignn_kernels.backends.BACKENDS.
+# them to dignn_kernels.SOLVERS, ("auto",) + dignn_kernels.backends.BACKENDS and
+# dignn_kernels.reorder.REORDERINGS.
 SOLVERS = ("fixed_point", "cg", "anderson")
 BACKENDS = ("auto", "cpu", "cuda", "triton", "torch")
+REORDERINGS = ("none", "auto", "rcm", "degree", "community")

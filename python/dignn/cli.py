@@ -144,7 +144,7 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
-    from .catalog import BACKENDS, DATASETS, SOLVERS
+    from .catalog import BACKENDS, DATASETS, REORDERINGS, SOLVERS
     from .presets import PRESETS
     from .protocols import PROTOCOLS
     parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--dtype", choices=["float32", "float64"], default=None,
                       help="the model's parameters and features (default float32; float64 "
                            "to compare runs to rounding, e.g. distributed against one process)")
+    over.add_argument("--reorder", choices=REORDERINGS, default=None,
+                      help="renumber the nodes for memory locality inside the implicit layer "
+                           "(rcm, degree, community or auto; transparent to the results' order; "
+                           "default none)")
     over.add_argument("--storage-dtype", choices=["bfloat16", "float16"], default=None,
                       help="store the implicit layer's iterates in 16 bits, sums in float32 "
                            "(fixed_point solver; backend triton or torch, auto picks one)")

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .data import NodeDataset
 from .data.core import Split
-from .models import DIGNNNodeClassifier, NodeShard, adjacency_matrix
+from .models import NodeShard, adjacency_matrix
 from .presets import TrainConfig
 
 __all__ = ["SyncedBatchNorm", "sync_batch_norms", "DistributedRun", "init_distributed",

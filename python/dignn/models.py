@@ -200,6 +200,8 @@ class DIGNNNodeClassifier(nn.Module):
         backend: the implicit layer's backend (see :class:`FusedImplicitDiffusion`).
         storage_dtype: None, ``"bfloat16"`` or ``"float16"`` (or the torch dtype): the
             implicit layer's iterates stored in 16 bits (see :class:`FusedImplicitDiffusion`).
+        reorder: the implicit layer's node renumbering for locality (``"none"``, ``"auto"``,
+            ``"rcm"``, ``"degree"``, ``"community"``; see :mod:`dignn_kernels.reorder`).
         solver: the implicit layer's solver, ``"fixed_point"`` (the paper's iteration),
             ``"cg"`` (exact for every mu > 0 on symmetric graphs) or ``"anderson"``.
 
@@ -215,7 +217,8 @@ class DIGNNNodeClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.5,
                  metric_channels: Optional[int] = None, backend: str = "auto",
                  adj_norm: str = "none", solver: str = "fixed_point",
-                 input_dropout: Optional[float] = None, storage_dtype=None):
+                 input_dropout: Optional[float] = None, storage_dtype=None,
+                 reorder: str = "none"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -246,7 +249,8 @@ class DIGNNNodeClassifier(nn.Module):
                                                 metric_channels=metric_channels,
                                                 max_iter=max_iter, tol=tol, backend=backend,
                                                 solver=solver,
-                                                storage_dtype=_storage_dtype(storage_dtype))
+                                                storage_dtype=_storage_dtype(storage_dtype),
+                                                reorder=reorder)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -336,7 +340,7 @@ class DIGNNGraphClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
                  node_layers: int = 1, graph_layers: int = 1,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 solver: str = "fixed_point", storage_dtype=None):
+                 solver: str = "fixed_point", storage_dtype=None, reorder: str = "none"):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden", hidden),
                             ("num_classes", num_classes)):
@@ -356,7 +360,8 @@ class DIGNNGraphClassifier(nn.Module):
                                                 metric_channels=metric_channels,
                                                 max_iter=max_iter, tol=tol, backend=backend,
                                                 solver=solver,
-                                                storage_dtype=_storage_dtype(storage_dtype))
+                                                storage_dtype=_storage_dtype(storage_dtype),
+                                                reorder=reorder)
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)

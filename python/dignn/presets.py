@@ -45,6 +45,7 @@ class TrainConfig:
     spectral_norm: bool = False  # spectral normalization of Θχ, Θφ (the paper's mu study)
     dtype: str = "float32"  # the model's parameters and features: float32 or float64
     storage_dtype: Optional[str] = None  # 16-bit iterates of the solves: bfloat16 or float16
+    reorder: str = "none"  # node renumbering for locality inside the layer (dignn_kernels.reorder)
 
     def replace(self, **changes) -> "TrainConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

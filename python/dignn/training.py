@@ -193,7 +193,8 @@ def build_model(dataset: Dataset, config: TrainConfig):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {config.dtype!r}")
     common = dict(laplacian=config.laplacian, mu=config.mu, max_iter=config.max_iter,
                   tol=config.tol, dropout=config.dropout, backend=config.backend,
-                  solver=config.solver, storage_dtype=config.storage_dtype)
+                  solver=config.solver, storage_dtype=config.storage_dtype,
+                  reorder=config.reorder)
     if dataset.task == "graph":
         model = DIGNNGraphClassifier(dataset.num_features, config.hidden,
                                      dataset.num_classes, pooling=config.pooling,
