@@ -303,6 +303,8 @@ def _torchrun(nproc, args, cwd, program=("-m", "dignn"), timeout=600):
 @pytest.fixture(scope="module")
 def cornell5_single(tmp_path_factory):
     """cornell5's cache and the single-process run of CORNELL5 (float64)."""
+    if not (DATA_ROOT / "cornell5" / "raw" / "data.mat").exists():
+        pytest.skip(f"cornell5 not found under {DATA_ROOT} (DIGNN_DATA)")
     from dignn.data import load_dataset
     from dignn.presets import preset_config
     cache = tmp_path_factory.mktemp("cornell5_cache")
