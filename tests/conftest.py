@@ -128,6 +128,18 @@ def _fresh_graph_cache():
 
 
 @pytest.fixture
+def world_of_one():
+    """A gloo process group of this process alone (the distributed code's world of one)."""
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
 def one_thread():
     """One intra-op thread for a test on a tiny graph: threads gain nothing there, and on a
     busy machine OpenMP's spinning barriers make small ops many times slower."""

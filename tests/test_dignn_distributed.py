@@ -210,19 +210,8 @@ def test_cli_checkpoint_and_resume(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------ training across processes --
 
-import torch.distributed as dist  # noqa: E402
 
 from conftest import DATA_ROOT  # noqa: E402
-
-
-@pytest.fixture
-def world_of_one():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_synced_batch_norm_is_batch_norm_on_one_rank(world_of_one):

@@ -13,8 +13,8 @@ import dignn_kernels as dk
 from dignn_kernels.csr import csr_rows
 from conftest import DATA_ROOT, make_graph, make_layer, rel_err
 from distributed_cases import compare_worker, fault_worker, spawn
-from dignn_kernels.distributed import (CollectiveError, DistributedGraph, GraphPartition,
-                                       all_reduce_gradients, partition)
+from dignn_kernels.distributed import (DistributedGraph, GraphPartition, all_reduce_gradients,
+                                       partition)
 
 WORLD = 4
 F64, F32 = torch.float64, torch.float32
@@ -142,16 +142,6 @@ def test_failed_peer_raises_within_timeout(tmp_path, mode):
 
 
 # -------------------------------------------------------------- in-process (world 1) --
-
-@pytest.fixture
-def world_of_one():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 def _global_edges(piece):
     """The (row, col, value) triples of a piece's rows, in global ids."""
