@@ -210,7 +210,6 @@ def test_cli_checkpoint_and_resume(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------ training across processes --
 
-
 from conftest import DATA_ROOT  # noqa: E402
 
 
