@@ -14,6 +14,7 @@
 #
 # Everything lands in $OUT (the files that come back), named as they go under bench/results/:
 #   gpu_<device>_run.json      device, versions, build time, test pass/fail/skip counts
+#                              (gpu_<device>_<mode>_run.json for a mode other than all)
 #   gpu_<device>.json          the pytest-benchmark JSON
 #   gpu_<device>_summary.txt   the benchmark's table and every goal met or missed
 #   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
@@ -124,11 +125,13 @@ if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
   locality_rc=$?
 fi
 
-$PY - "$OUT" "$slug" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" \
+run_name="gpu_${slug}_run.json"
+[ "$MODE" = "all" ] || run_name="gpu_${slug}_${MODE}_run.json"
+$PY - "$OUT" "$run_name" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" \
     "$locality_rc" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, slug, build_rc, build_s, tests_rc, bench_rc, epochs_rc, locality_rc = sys.argv[1:]
+out, run_name, build_rc, build_s, tests_rc, bench_rc, epochs_rc, locality_rc = sys.argv[1:]
 import torch
 run = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
        "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -147,13 +150,13 @@ if xml.exists():
                     "failures": [c.get("classname", "") + "::" + c.get("name", "")
                                  for c in suite.iter("testcase")
                                  if c.find("failure") is not None or c.find("error") is not None]}
-Path(out, f"gpu_{slug}_run.json").write_text(json.dumps(run, indent=2) + "\n")
+Path(out, run_name).write_text(json.dumps(run, indent=2) + "\n")
 print(json.dumps(run, indent=2))
 EOF
 
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
-  for f in "gpu_${slug}_run.json" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
+  for f in "$run_name" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
            "gpu_${slug}_epochs.json" "gpu_${slug}_locality.json"; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
