@@ -27,25 +27,37 @@ KINDS = ["symmetric", "directed", "zero_rows"]  # zero_rows: x_i = 0 gives chi_i
 TOL = 1e-2  # the goal: relative error of Z and of every gradient against float32
 
 
-def _triton_interpreted():
-    if not tb.available("cpu"):
+_CUDA_ONLY = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="interpreter"),
+                        pytest.param("cuda", id="cuda", marks=_CUDA_ONLY)])
+def triton_device(request):
+    """Where the Triton kernels run: the CPU in Triton's interpreter (sessions without a GPU,
+    tests/conftest.py), or the GPU (marker ``cuda``), as tests/test_triton.py does."""
+    if request.param == "cpu" and not tb.available("cpu"):
         pytest.skip("the Triton kernels were compiled for the GPU in this session "
-                    "(TRITON_INTERPRET unset)")
+                    "(TRITON_INTERPRET unset); the cuda variant runs them")
+    return request.param
 
 
 def _run(kind, backend, storage_dtype, d=5, h=4, laplacian_name="neural", dtype=torch.float32,
-         **kwargs):
-    """Z and the gradients of a fixed loss, for the layer on a small graph of ``kind``."""
+         device="cpu", **kwargs):
+    """Z and the gradients of a fixed loss, for the layer on a small graph of ``kind`` (on
+    ``device``; the results come back on the CPU)."""
     x, ei, w = make_graph(kind, n=24, d=d, dtype=dtype)
+    x, ei = x.to(device), ei.to(device)
+    w = w.to(device) if w is not None else None
     layer = make_layer(d, laplacian=laplacian_name, h=h, dtype=dtype, backend=backend,
-                       storage_dtype=storage_dtype, **kwargs)
+                       storage_dtype=storage_dtype, **kwargs).to(device)
     xr = x.clone().requires_grad_()
     z = layer(xr, ei, w)
-    weight = torch.linspace(-1.0, 1.0, z.numel(), dtype=dtype).view_as(z)
+    weight = torch.linspace(-1.0, 1.0, z.numel(), dtype=dtype, device=device).view_as(z)
     (z * weight).sum().backward()
     out = {"z": z.detach(), "x": xr.grad}
     out.update({name: t.grad for name, t in thetas(layer).items()})
-    return out, layer
+    return {name: t.cpu() for name, t in out.items()}, layer
 
 
 def _errors(run, ref):
@@ -66,13 +78,13 @@ def test_torch_backend_close_to_float32(kind, storage_dtype, one_thread):
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 @pytest.mark.parametrize("kind", KINDS)
-def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, one_thread):
+def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_device,
+                                                     one_thread):
     """The Triton kernels with 16-bit iterates: within TOL of float32 and equal to the torch
     backend's 16-bit run up to float32 accumulation order."""
-    _triton_interpreted()
-    ref, _ = _run(kind, "torch", None)
-    torch16, _ = _run(kind, "torch", storage_dtype)
-    run, layer = _run(kind, "triton", storage_dtype)
+    ref, _ = _run(kind, "torch", None, device=triton_device)
+    torch16, _ = _run(kind, "torch", storage_dtype, device=triton_device)
+    run, layer = _run(kind, "triton", storage_dtype, device=triton_device)
     assert layer.backend_used == "triton"
     errors = _errors(run, ref)
     assert max(errors.values()) <= TOL, errors
@@ -158,19 +170,19 @@ def test_equals_dense_reference_with_explicit_rounding(storage_dtype, one_thread
 
 # ------------------------------------------------------------------- the passes --
 
-def _pass_inputs(storage_dtype, n=40, d=6, h=3, seed=0):
+def _pass_inputs(storage_dtype, n=40, d=6, h=3, seed=0, device="cpu"):
     """A symmetric graph with a hub (its row is split into several segments when
-    SEGMENT_EDGES is small) and 16-bit iterates y, z, v and projections p, q."""
+    SEGMENT_EDGES is small) and 16-bit iterates y, z, v and projections p, q, on ``device``."""
     g = torch.Generator().manual_seed(seed)
     e = torch.randint(0, n, (2, 3 * n), generator=g)
     hub = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
     e = torch.cat([e[:, e[0] != e[1]], hub], dim=1)
-    graph = dk.build_graph(torch.cat([e, e.flip(0)], dim=1), n)
+    graph = dk.build_graph(torch.cat([e, e.flip(0)], dim=1).to(device), n)
     a, _ = graph.values(torch.float32)
     m = graph.num_edges
 
     def r(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g).to(device)
 
     return dict(graph=graph, a=a, w=r(m).abs(), y=r(n, d).to(storage_dtype), b=r(n, d),
                 cy=r(n), rs=r(n), p=(0.5 * r(n, h)).to(storage_dtype),
@@ -180,13 +192,13 @@ def _pass_inputs(storage_dtype, n=40, d=6, h=3, seed=0):
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 @pytest.mark.parametrize("segment_edges", [4, 64], ids=["heavy_rows", "whole_rows"])
-def test_triton_passes_take_16bit(storage_dtype, segment_edges, monkeypatch, one_thread):
+def test_triton_passes_take_16bit(storage_dtype, segment_edges, triton_device, monkeypatch,
+                                  one_thread):
     """Each Triton pass with 16-bit inputs against the torch pass: the row pass rounds its
     output to nearest like torch (equal up to one 16-bit ulp where the float32 sums differ in
     order), the edge weights and the gradients come back in float32."""
-    _triton_interpreted()
     monkeypatch.setattr(tb, "SEGMENT_EDGES", segment_edges)
-    t = _pass_inputs(storage_dtype)
+    t = _pass_inputs(storage_dtype, device=triton_device)
     g = t["graph"]
     args = (g.rowptr, g.col)
     out_t = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="triton")
@@ -215,10 +227,9 @@ def test_triton_passes_take_16bit(storage_dtype, segment_edges, monkeypatch, one
         assert got.dtype == torch.float32 and rel_err(got, want) <= 1e-5
 
 
-def test_triton_bfloat16_rounds_to_nearest_even(one_thread):
+def test_triton_bfloat16_rounds_to_nearest_even(triton_device, one_thread):
     """The row pass's bfloat16 store rounds to nearest even, as torch (and the GPU) do, also
     in the interpreter (whose own conversion truncates)."""
-    _triton_interpreted()
     n = 8
     rowptr = torch.zeros(n + 1, dtype=torch.long)  # no edges: out = b + cy.y
     col = torch.zeros(0, dtype=torch.long)
@@ -229,8 +240,10 @@ def test_triton_bfloat16_rounds_to_nearest_even(one_thread):
                     dim=1)
     y = torch.zeros(n, 4, dtype=torch.bfloat16)
     zeros = torch.zeros(n)
-    out = ops.csr_fma(rowptr, col, torch.zeros(0), y, b, zeros, zeros, backend="triton")
-    assert torch.equal(out, b.to(torch.bfloat16))
+    dev = triton_device
+    out = ops.csr_fma(rowptr.to(dev), col.to(dev), torch.zeros(0, device=dev), y.to(dev),
+                      b.to(dev), zeros.to(dev), zeros.to(dev), backend="triton")
+    assert torch.equal(out.cpu(), b.to(torch.bfloat16))
 
 
 # ------------------------------------------------------------------- the errors --
