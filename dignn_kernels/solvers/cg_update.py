@@ -122,13 +122,13 @@ class TritonCGUpdate:
 
     @staticmethod
     def dot(w: Tensor, u: Tensor) -> Tensor:
-        from . import _triton_cg
-        return _triton_cg.column_dots(w, u)
+        from ._triton_cg import column_dots
+        return column_dots(w, u)
 
     @staticmethod
     def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
-        from . import _triton_cg
-        state.alpha_prev, state.pending = _triton_cg.cg_step(state, w, delta, live)
+        from ._triton_cg import cg_step
+        state.alpha_prev, state.pending = cg_step(state, w, delta, live)
 
 
 def _triton_runs(x: Tensor) -> bool:
