@@ -43,8 +43,8 @@ def test_triton_update_equals_torch(n, d, dtype, live):
     w = torch.randn(n, d, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     flag = torch.tensor(live, device=DEVICE)
     a, b = _clone(st), _clone(st)
-    delta_t = TorchCGUpdate.dot(w, a.u)
-    delta_k = TritonCGUpdate.dot(w, b.u)
+    delta_t = TorchCGUpdate.dot(a, w)
+    delta_k = TritonCGUpdate.dot(b, w)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(delta_k, delta_t, **tol)
     TorchCGUpdate.step(a, w, delta_t, flag)
@@ -61,7 +61,7 @@ def test_empty_and_zero_width():
     for n, d in ((0, 3), (4, 0)):
         st = _state(n, d, torch.float32)
         w = torch.zeros(n, d, device=DEVICE)
-        assert TritonCGUpdate.dot(w, st.u).shape == (d,)
+        assert TritonCGUpdate.dot(st, w).shape == (d,)
         TritonCGUpdate.step(st, w, torch.zeros(d, device=DEVICE), torch.tensor(True, device=DEVICE))
         assert st.reduction().shape == (2, d)
 

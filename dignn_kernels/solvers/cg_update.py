@@ -49,6 +49,7 @@ class CGState:
     gamma_prev: Tensor  # [d]
     alpha_prev: Tensor  # [d]
     pending: Optional[Tensor] = None  # [2, d] local sums of the current r, if computed
+    scratch: Optional[Tensor] = None  # n x d temporary of the PyTorch update's products
 
     @classmethod
     def start(cls, rhs: Tensor, inv_diagonal: Tensor, residual_scale: Optional[Tensor],
@@ -71,11 +72,17 @@ class CGState:
                    weights=weights.contiguous(), gamma=zeros, gamma_prev=zeros.clone(),
                    alpha_prev=zeros.clone())
 
+    def products(self, a: Tensor, b: Tensor) -> Tensor:
+        """a * b in the state's one n x d temporary (allocated on first use)."""
+        if self.scratch is None:
+            self.scratch = torch.empty_like(self.r)
+        return torch.mul(a, b, out=self.scratch)
+
     def reduction(self) -> Tensor:
         """[2, d]: this process's sums r.u and ||scale * r||^2 per channel."""
         if self.pending is not None:
             return self.pending
-        return torch.mm(self.weights, self.r * self.r)
+        return torch.mm(self.weights, self.products(self.r, self.r))
 
     def finish_reduction(self, sums: Tensor) -> Tensor:
         """Takes the (global) sums of :meth:`reduction`: the new gamma; returns the residual
@@ -101,8 +108,8 @@ class TorchCGUpdate:
     name = "torch"
 
     @staticmethod
-    def dot(w: Tensor, u: Tensor) -> Tensor:
-        return (w * u).sum(dim=0)
+    def dot(state: CGState, w: Tensor) -> Tensor:
+        return state.products(w, state.u).sum(dim=0)
 
     @staticmethod
     def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
@@ -121,9 +128,9 @@ class TritonCGUpdate:
     name = "triton"
 
     @staticmethod
-    def dot(w: Tensor, u: Tensor) -> Tensor:
+    def dot(state: CGState, w: Tensor) -> Tensor:
         from ._triton_cg import column_dots
-        return column_dots(w, u)
+        return column_dots(w, state.u)
 
     @staticmethod
     def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:

@@ -272,7 +272,7 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     if not (check_every and bool(done)):
         for k in range(1, max_iter + 1):
             w = apply(state.u)
-            delta = _global(update.dot(w, state.u), reduce)
+            delta = _global(update.dot(state, w), reduce)
             live = ~done
             update.step(state, w, delta, live)
             res = state.finish_reduction(_global(state.reduction(), reduce))
