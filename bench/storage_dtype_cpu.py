@@ -1,12 +1,13 @@
 """16-bit storage (``storage_dtype``) on the CPU: speed and accuracy against float32.
 
 Speed: one training step of FusedImplicitDiffusion (forward + backward, h = d = 64, 10 + 10
-iterations, tol = 0) on cornell5 (18,660 nodes, 1,581,554 CSR entries) with the plain-PyTorch
-backend (the compiled "cpu" backend has no 16-bit storage), one intra-op thread, storage
-float32 / bfloat16 / float16 interleaved round by round (the machine is shared: the load
-average is recorded; the minimum over the rounds is the least disturbed). The relative
-differences of Z and of every gradient against the float32 step of the same run are
-recorded too.
+iterations, tol = 0) on cornell5 (18,660 nodes, 1,581,554 CSR entries), one intra-op thread,
+storage float32 / bfloat16 / float16 interleaved round by round (the machine is shared: the
+load average is recorded; the minimum over the rounds is the least disturbed), on two
+backends: the compiled CPU kernels (``cpu``: float32 runs their fused C++ loop, 16-bit storage
+the solvers' loop over their passes, which load 16-bit iterates and sum in float32) and the
+plain-PyTorch backend (``torch``). The relative differences of Z and of every gradient
+against the float32 step of the same run are recorded too.
 
 Accuracy design check (random graphs, n = 1000, d = h = 64, neural Laplacian, two losses):
 the implementation (iterates and adjoints 16-bit, last iteration wide, p and q kept in the
@@ -14,7 +15,10 @@ compute dtype) against two variants it was chosen over: p and q also stored in 1
 the last iteration rounded like the others.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/storage_dtype_cpu.py \\
-        bench/results/storage_dtype_cpu.json
+        bench/results/storage_dtype_cpu.json [speed_cpu_kernels speed_torch accuracy]
+
+The parts named on the command line (default: all) are run and replace those keys of an
+existing result file; the others are kept.
 """
 import json
 import os
@@ -54,7 +58,7 @@ def step_outputs(layer, x, edge_index):
     return grads
 
 
-def speed():
+def speed(backend):
     edge_index, n = load_facebook100("cornell5")
     torch.manual_seed(0)
     x = torch.randn(n, CHANNELS)
@@ -62,7 +66,7 @@ def speed():
     for name, dtype in STORAGE.items():
         torch.manual_seed(0)
         layers[name] = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
-                                                 backend="torch", storage_dtype=dtype)
+                                                 backend=backend, storage_dtype=dtype)
     outputs = {name: step_outputs(layer, x, edge_index) for name, layer in layers.items()}
     times = {name: [] for name in STORAGE}
     for _ in range(ROUNDS):
@@ -88,7 +92,7 @@ def speed():
                 3)
     return {"graph": "cornell5", "nodes": n, "csr_entries": dk.cached_graph(edge_index,
                                                                              n).num_edges,
-            "backend": "torch", "threads": torch.get_num_threads(), "rounds": ROUNDS,
+            "backend": backend, "threads": torch.get_num_threads(), "rounds": ROUNDS,
             "load_average_after": os.getloadavg(), "steps": result}
 
 
@@ -164,18 +168,34 @@ def accuracy():
             "tol": 1e-6, "rows": rows}
 
 
-def main(path):
+PARTS = {"speed_cpu_kernels": lambda: speed("cpu"), "speed_torch": lambda: speed("torch"),
+         "accuracy": lambda: accuracy()}
+# The keys of the result file (speed_cornell5: the torch backend's, named before the CPU
+# kernels had 16-bit storage).
+KEYS = {"speed_cpu_kernels": "speed_cornell5_cpu_kernels", "speed_torch": "speed_cornell5",
+        "accuracy": "accuracy_design"}
+
+
+def main(path, parts):
     torch.set_num_threads(1)
-    out = {"command": "PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/storage_dtype_cpu.py "
-                      "bench/results/storage_dtype_cpu.json",
-           "torch": torch.__version__, "cpu_count": os.cpu_count()}
-    out["speed_cornell5"] = speed()
-    out["accuracy_design"] = accuracy()
+    out = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    out.update({"command": "PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/storage_dtype_cpu.py "
+                           "bench/results/storage_dtype_cpu.json [parts]",
+                "cpu_count": os.cpu_count()})
+    for part in parts:
+        out[KEYS[part]] = dict(PARTS[part](), torch=torch.__version__)
     Path(path).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out["speed_cornell5"], indent=2))
-    for row in out["accuracy_design"]["rows"]:
-        print(row["graph"], row["loss"], row["storage"], row["variant"], row["max"])
+    for part in parts:
+        if part == "accuracy":
+            for row in out["accuracy_design"]["rows"]:
+                print(row["graph"], row["loss"], row["storage"], row["variant"], row["max"])
+        else:
+            print(json.dumps(out[KEYS[part]], indent=2))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/storage_dtype_cpu.json")
+    args = sys.argv[1:]
+    unknown = [a for a in args[1:] if a not in PARTS]
+    if unknown:
+        sys.exit(f"unknown parts {unknown}: choose from {sorted(PARTS)}")
+    main(args[0] if args else "bench/results/storage_dtype_cpu.json", args[1:] or list(PARTS))

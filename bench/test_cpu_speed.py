@@ -4,13 +4,18 @@ cornell5 (18,660 nodes, 1,581,554 directed edges), h = d = 64, 10 forward + 10 a
 iterations (tol = 0), forward + backward, side by side in one run:
 
 - ``fused``: FusedImplicitDiffusion on the fused C++ kernels (backend="cpu");
+- ``fused_bf16``, ``fused_fp16``: the same kernels with the iterates stored in 16 bits
+  (``storage_dtype``; the solvers' loop over the CPU passes, sums in float32);
 - ``composed``: the plain-PyTorch backend (backend="torch": the same solvers on passes made of
   gathers, index_add_ and torch.sparse CSR products);
 - ``reference``: the paper's algorithm as written (dignn_kernels.reference).
 
 Each test stores ms per step and the peak memory growth of the step in extra_info;
 test_summary prints the ratios against the goals (>= 10x the composition, >= 100x the
-reference, memory growth <= 1/20 of the composition's).
+reference, memory growth <= 1/20 of the composition's) and what 16-bit storage gains.
+test_cornell5_cached_sweep times the sweep under every iteration alone (the row pass with
+cached weights, ``dignn::csr_fma``) with float32, bfloat16 and float16 iterates, interleaved
+round by round: the gathers of neighbour rows bound it, and 16-bit iterates halve their bytes.
 
     pytest bench/test_cpu_speed.py --benchmark-json bench/results/cpu_cornell5.json
 """
@@ -24,6 +29,9 @@ from conftest import PeakMemory, load_facebook100
 CHANNELS = 64
 ITERS = 10
 RESULTS = {}
+# The variants' storage of the iterates (None: the compute dtype, float32).
+STORAGE = {"fused": None, "fused_bf16": torch.bfloat16, "fused_fp16": torch.float16,
+           "composed": None, "reference": None}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +55,8 @@ def _step_fn(variant, edge_index, x, layer):
             z.square().sum().backward()
             xr.grad = None
         return step
-    layer.backend = {"fused": "cpu", "composed": "torch"}[variant]
+    layer.backend = "torch" if variant == "composed" else "cpu"
+    layer.storage_dtype = STORAGE[variant]
 
     def step():
         z = layer(xr, edge_index)
@@ -56,7 +65,8 @@ def _step_fn(variant, edge_index, x, layer):
     return step
 
 
-@pytest.mark.parametrize("variant,rounds", [("fused", 10), ("composed", 3), ("reference", 1)])
+@pytest.mark.parametrize("variant,rounds", [("fused", 10), ("fused_bf16", 10), ("fused_fp16", 10),
+                                            ("composed", 3), ("reference", 1)])
 def test_cornell5_training_step(benchmark, cornell5, variant, rounds):
     edge_index, x, layer = cornell5
     step = _step_fn(variant, edge_index, x, layer)
@@ -81,5 +91,45 @@ def test_summary():
         f"reference {tr * 1e3:9.1f} ms  peak growth {mr:8.1f} MB   fused is {tr / tf:5.1f}x faster"
         f" (goal >= 100x)",
     ]
+    for name in ("fused_bf16", "fused_fp16"):
+        if name in RESULTS:
+            t16, m16 = RESULTS[name]
+            lines.append(f"{name:10s}{t16 * 1e3:9.1f} ms  peak growth {m16:8.1f} MB   "
+                         f"{tf / t16:5.2f}x the float32 fused step")
     print("\n" + "\n".join(lines))
     assert tc / tf >= 10 and tr / tf >= 100 and mf <= mc / 20, "\n".join(lines)
+
+
+def test_cornell5_cached_sweep(benchmark, cornell5):
+    """One cached sweep out = b + cy.y + rs.(W y) on cornell5 (d = 64) with y stored in
+    float32, bfloat16 and float16, interleaved over the rounds (the machine may be shared);
+    extra_info holds each one's median and min ms and the ratios to float32."""
+    import time
+    edge_index, x, layer = cornell5
+    g = dk.cached_graph(edge_index, x.size(0))
+    w = torch.rand(g.num_edges) / 64
+    cy, rs = torch.full((x.size(0),), -0.5), torch.full((x.size(0),), 0.5)
+    ys = {"float32": x, "bfloat16": x.bfloat16(), "float16": x.half()}
+    times = {name: [] for name in ys}
+
+    def sweep(y):
+        return torch.ops.dignn.csr_fma(g.rowptr, g.col, w, y, x, cy, rs)
+
+    for y in ys.values():
+        sweep(y)  # warm-up
+    for _ in range(15):
+        for name, y in ys.items():
+            start = time.perf_counter()
+            sweep(y)
+            times[name].append(time.perf_counter() - start)
+    benchmark.pedantic(sweep, args=(ys["bfloat16"],), rounds=5, iterations=1)
+    med = {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
+    for name in ys:
+        benchmark.extra_info[f"{name}_ms_median"] = round(med[name], 3)
+        benchmark.extra_info[f"{name}_ms_min"] = round(min(times[name]) * 1e3, 3)
+        benchmark.extra_info[f"{name}_speedup_over_float32"] = round(med["float32"] / med[name],
+                                                                     3)
+    print("\ncached sweep, cornell5, d = 64: " + ", ".join(
+        f"{name} {med[name]:.2f} ms" for name in ys))
+    # 16-bit iterates are a speed feature on the CPU only where they pay: they must
+    assert med["bfloat16"] < med["float32"], med

@@ -120,7 +120,7 @@ def _(rowptr, col, num_nodes, t_rowptr=None, t_col=None, t_perm=None):
 
 @torch.library.register_fake("dignn::neural_edge_weights")
 def _(rowptr, col, a, p, q, eps):
-    return p.new_empty(col.shape[0]), p.new_empty(_num_nodes(rowptr))
+    return a.new_empty(col.shape[0]), a.new_empty(_num_nodes(rowptr))  # a: the compute dtype
 
 
 @torch.library.register_fake("dignn::neural_edge_weights_backward")
@@ -140,7 +140,7 @@ def _(rowptr, col, w, y, b, cy, rs):
 
 @torch.library.register_fake("dignn::neural_weight_grad")
 def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
-    return torch.empty_like(p), torch.empty_like(q)
+    return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
 
 
 @torch.library.register_fake("dignn::implicit_diffusion")

@@ -162,6 +162,27 @@ def test_argument_errors(emu):
         emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)
 
 
+@pytest.mark.parametrize("storage_dtype", [torch.bfloat16, torch.float16])
+def test_16bit_iterates_refused(emu, storage_dtype):
+    """The CUDA kernels have no 16-bit storage (the CPU kernels and the triton backend do):
+    each op that takes it elsewhere refuses it by name, saying where it runs."""
+    case = graph_case("symmetric", dtype=torch.float32)
+    half = {name: getattr(case, name).to(storage_dtype) for name in ("x", "z", "v", "p", "q")}
+    where = r"but this op on cpu takes float32 or float64 \(16-bit storage is taken by the row"
+    with pytest.raises(RuntimeError, match=rf"^y is .*{where}"):
+        emu.csr_fma(case.rowptr, case.col, case.w, half["z"], case.x, case.cy, case.rs)
+    with pytest.raises(RuntimeError, match=rf"^b is .*{where}"):
+        emu.csr_fma(case.rowptr, case.col, case.w, case.z, half["x"], case.cy, case.rs)
+    with pytest.raises(RuntimeError, match=rf"^z is .*{where}"):
+        emu.neural_weight_grad(case.rowptr, case.col, case.a, case.p, case.q, half["z"],
+                               half["v"], 1e-6, None, None, None)
+    with pytest.raises(RuntimeError, match=rf"^p is .*{where}"):
+        emu.neural_weight_grad(case.rowptr, case.col, case.a, half["p"], half["q"], case.z,
+                               case.v, 1e-6, None, None, None)
+    with pytest.raises(RuntimeError, match=rf"^p is .*{where}"):
+        emu.neural_edge_weights(case.rowptr, case.col, case.a, half["p"], half["q"], 1e-6)
+
+
 def emulated_cpu_backend(emu, monkeypatch):
     """The public face with the emulated GPU host code under it: the ops' Python face, the
     graph check and the compiled backend's passes and fused solve."""

@@ -2,15 +2,18 @@
 adjoint in bfloat16 or float16, every sum in float32.
 
 - the layer's Z and every gradient (x, the three Θ) within 1e-2 (relative, Frobenius) of the
-  float32 run, on the plain-PyTorch backend and on the Triton kernels (in Triton's interpreter
-  on the CPU, tests/conftest.py), on a symmetric graph, a directed one and one with guard rows
-  (chi = 0), and yet different from it;
+  float32 run, on the plain-PyTorch backend, on the CPU kernels and on the Triton kernels (in
+  Triton's interpreter on the CPU, tests/conftest.py), on a symmetric graph, a directed one and
+  one with guard rows (chi = 0), and yet different from it;
 - storage really is 16-bit: the row pass is handed 16-bit iterates, and Z equals a dense
   reference that rounds each iterate to the storage dtype by hand;
-- the Triton result equals the torch one to float32 accumulation order, pass by pass (heavy
-  rows included) and for the whole layer;
-- bad values, unsupported backends and solvers raise ValueError naming storage_dtype; the
-  compiled backends are unchanged (the solve op still takes its old arguments).
+- the Triton and CPU results equal the torch one to float32 accumulation order, pass by pass
+  (heavy rows included) and for the whole layer; the CPU row pass with 16-bit iterates equals,
+  bit for bit, its float32 pass on the widened iterates with the output rounded by torch, in
+  every instruction-set build (NaN, infinities, float16 overflow, subnormals, ties);
+- bad values, unsupported backends and solvers raise ValueError naming storage_dtype; the CUDA
+  kernels' ops refuse 16-bit iterates naming the argument; storage_dtype=None is unchanged
+  (the solve op still takes its old arguments).
 """
 import dataclasses
 
@@ -76,16 +79,13 @@ def test_torch_backend_close_to_float32(kind, storage_dtype, one_thread):
     assert errors["z"] > 1e-7, errors  # 16-bit storage is not float32 storage
 
 
-@pytest.mark.parametrize("storage_dtype", STORAGE)
-@pytest.mark.parametrize("kind", KINDS)
-def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_device,
-                                                     one_thread):
-    """The Triton kernels with 16-bit iterates: within TOL of float32 and equal to the torch
-    backend's 16-bit run up to float32 accumulation order."""
-    ref, _ = _run(kind, "torch", None, device=triton_device)
-    torch16, _ = _run(kind, "torch", storage_dtype, device=triton_device)
-    run, layer = _run(kind, "triton", storage_dtype, device=triton_device)
-    assert layer.backend_used == "triton"
+def _assert_close_to_float32_and_equal_to_torch(kind, backend, storage_dtype, device="cpu"):
+    """The layer on ``backend`` with 16-bit iterates: within TOL of float32 (and not equal to
+    it) and equal to the torch backend's 16-bit run up to float32 accumulation order."""
+    ref, _ = _run(kind, "torch", None, device=device)
+    torch16, _ = _run(kind, "torch", storage_dtype, device=device)
+    run, layer = _run(kind, backend, storage_dtype, device=device)
+    assert layer.backend_used == backend
     errors = _errors(run, ref)
     assert max(errors.values()) <= TOL, errors
     assert errors["z"] > 1e-7, errors
@@ -94,11 +94,27 @@ def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
-def test_fixed_laplacian_and_float64_compute(storage_dtype, one_thread):
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_device,
+                                                     one_thread):
+    """The Triton kernels with 16-bit iterates."""
+    _assert_close_to_float32_and_equal_to_torch(kind, "triton", storage_dtype, triton_device)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_kernels_close_to_float32_and_equal_to_torch(kind, storage_dtype, one_thread):
+    """The compiled CPU backend with 16-bit iterates (the solvers' loop over its passes)."""
+    _assert_close_to_float32_and_equal_to_torch(kind, "cpu", storage_dtype)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_fixed_laplacian_and_float64_compute(storage_dtype, backend, one_thread):
     """A fixed Laplacian (rw) in float32, and a float64 layer (the sums then run in float64)."""
     for dtype, lap in ((torch.float32, "rw"), (torch.float64, "neural")):
         ref, _ = _run("symmetric", "torch", None, laplacian_name=lap, dtype=dtype)
-        run, _ = _run("symmetric", "torch", storage_dtype, laplacian_name=lap, dtype=dtype)
+        run, _ = _run("symmetric", backend, storage_dtype, laplacian_name=lap, dtype=dtype)
         assert all(t.dtype == dtype for t in run.values())
         errors = _errors(run, ref)
         assert max(errors.values()) <= TOL and errors["z"] > 1e-9, (dtype, lap, errors)
@@ -119,12 +135,14 @@ def _spy_backend(monkeypatch, name):
     return seen
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("storage_dtype", STORAGE)
-def test_row_pass_sees_16bit_iterates(storage_dtype, monkeypatch, one_thread):
+def test_row_pass_sees_16bit_iterates(storage_dtype, backend, monkeypatch, one_thread):
     """Forward and adjoint: every sweep but the last reads and writes a 16-bit iterate (the
-    right-hand side x or g and the weights stay float32); the last one is taken wide."""
-    seen = _spy_backend(monkeypatch, "torch")
-    layer = make_layer(5, dtype=torch.float32, backend="torch", storage_dtype=storage_dtype,
+    right-hand side x or g and the weights stay float32); the last one is taken wide (on the
+    CPU kernels too: a 16-bit solve runs the loop over the passes, not the fused loop)."""
+    seen = _spy_backend(monkeypatch, backend)
+    layer = make_layer(5, dtype=torch.float32, backend=backend, storage_dtype=storage_dtype,
                        max_iter=6, tol=0.0)
     x, ei, w = make_graph("directed", dtype=torch.float32)
     layer(x.requires_grad_(), ei, w).sum().backward()
@@ -155,10 +173,11 @@ def _dense_rounded_solve(x, ei, w, layer, storage_dtype, max_iter):
     return z
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("storage_dtype", STORAGE)
-def test_equals_dense_reference_with_explicit_rounding(storage_dtype, one_thread):
+def test_equals_dense_reference_with_explicit_rounding(storage_dtype, backend, one_thread):
     x, ei, w = make_graph("directed", dtype=torch.float32)
-    layer = make_layer(5, dtype=torch.float32, backend="torch", storage_dtype=storage_dtype,
+    layer = make_layer(5, dtype=torch.float32, backend=backend, storage_dtype=storage_dtype,
                        max_iter=10, tol=0.0)
     with torch.no_grad():
         z = layer(x, ei, w)
@@ -190,41 +209,43 @@ def _pass_inputs(storage_dtype, n=40, d=6, h=3, seed=0, device="cpu"):
                 v=r(n, d).to(storage_dtype))
 
 
+def _assert_passes_match_torch(backend, t, storage_dtype):
+    """Each pass of ``backend`` on the 16-bit inputs ``t`` (_pass_inputs) against the torch
+    backend's: the row pass rounds its output to nearest like torch (equal up to one 16-bit
+    ulp where the float32 sums differ in order, almost always identical), the edge weights and
+    the gradients come back in float32, equal to summation order. Returns the row pass's
+    output."""
+    g = t["graph"]
+    args = (g.rowptr, g.col)
+    out = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend=backend)
+    out_r = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="torch")
+    assert out.dtype == storage_dtype
+    ulp = torch.finfo(storage_dtype).eps * out_r.float().abs().clamp_min(1e-3)
+    assert bool(((out.float() - out_r.float()).abs() <= ulp).all())
+    assert (out == out_r).float().mean() >= 0.95  # most entries round identically
+    for pass_name, extra, tol in (("neural_edge_weights", (), 1e-6),
+                                  ("neural_weight_grad", (t["z"], t["v"]), 1e-5)):
+        run = getattr(ops, pass_name)
+        got = run(*args, t["a"], t["p"], t["q"], *extra, backend=backend, trusted=True)
+        want = run(*args, t["a"], t["p"], t["q"], *extra, backend="torch", trusted=True)
+        for x, y in zip(got, want):
+            assert x.dtype == torch.float32 and rel_err(x, y) <= tol, pass_name
+    return out
+
+
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 @pytest.mark.parametrize("segment_edges", [4, 64], ids=["heavy_rows", "whole_rows"])
 def test_triton_passes_take_16bit(storage_dtype, segment_edges, triton_device, monkeypatch,
                                   one_thread):
-    """Each Triton pass with 16-bit inputs against the torch pass: the row pass rounds its
-    output to nearest like torch (equal up to one 16-bit ulp where the float32 sums differ in
-    order), the edge weights and the gradients come back in float32."""
+    """Each Triton pass with 16-bit inputs against the torch pass (_assert_passes_match_torch),
+    and the 16-bit output of the row pass exactly the rounding of its float32 output."""
     monkeypatch.setattr(tb, "SEGMENT_EDGES", segment_edges)
     t = _pass_inputs(storage_dtype, device=triton_device)
+    out = _assert_passes_match_torch("triton", t, storage_dtype)
     g = t["graph"]
-    args = (g.rowptr, g.col)
-    out_t = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="triton")
-    out_r = ops.csr_fma(*args, t["w"], t["y"], t["b"], t["cy"], t["rs"], backend="torch")
-    assert out_t.dtype == storage_dtype
-    ulp = torch.finfo(storage_dtype).eps * out_r.float().abs().clamp_min(1e-3)
-    assert bool(((out_t.float() - out_r.float()).abs() <= ulp).all())
-    assert (out_t == out_r).float().mean() >= 0.95  # most entries round identically
-    # the same sums with a float32 output: the 16-bit output is exactly their rounding
-    wide = ops.csr_fma(*args, t["w"], t["y"].float(), t["b"], t["cy"], t["rs"],
+    wide = ops.csr_fma(g.rowptr, g.col, t["w"], t["y"].float(), t["b"], t["cy"], t["rs"],
                        backend="triton")
-    assert wide.dtype == torch.float32 and torch.equal(out_t, wide.to(storage_dtype))
-
-    ew_t = ops.neural_edge_weights(*args, t["a"], t["p"], t["q"], backend="triton",
-                                   trusted=True)
-    ew_r = ops.neural_edge_weights(*args, t["a"], t["p"], t["q"], backend="torch",
-                                   trusted=True)
-    for got, want in zip(ew_t, ew_r):
-        assert got.dtype == torch.float32 and rel_err(got, want) <= 1e-6
-
-    gr_t = ops.neural_weight_grad(*args, t["a"], t["p"], t["q"], t["z"], t["v"],
-                                  backend="triton", trusted=True)
-    gr_r = ops.neural_weight_grad(*args, t["a"], t["p"], t["q"], t["z"], t["v"],
-                                  backend="torch", trusted=True)
-    for got, want in zip(gr_t, gr_r):
-        assert got.dtype == torch.float32 and rel_err(got, want) <= 1e-5
+    assert wide.dtype == torch.float32 and torch.equal(out, wide.to(storage_dtype))
 
 
 def test_triton_bfloat16_rounds_to_nearest_even(triton_device, one_thread):
@@ -246,6 +267,117 @@ def test_triton_bfloat16_rounds_to_nearest_even(triton_device, one_thread):
     assert torch.equal(out.cpu(), b.to(torch.bfloat16))
 
 
+# The CPU passes with 16-bit inputs against their float32 passes on the widened inputs: the
+# kernels widen every load exactly and sum in the same order, so the row pass's output equals
+# bit for bit the float32 output after torch's rounding (NaN, infinities, float16 overflow,
+# subnormals, ties), the weights are equal and the gradients equal to FMA contraction. Run in
+# a process per instruction-set build (DIGNN_CPU_ISA), as tests/test_ops.py does.
+CPU_PASSES_SCRIPT = """
+import torch
+import dignn_kernels as dk
+from dignn_kernels import ops
+special = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.4e38, 65504.0, 65520.0,
+                        70000.0, 1.00390625, 1.01171875, 6e-8, 3e-8, -1.5e-5, 1e-40, 2.9e-39])
+g = torch.Generator().manual_seed(0)
+n = 50
+e = torch.randint(0, n, (2, 8 * n), generator=g)
+graph = dk.build_graph(torch.cat([e, e.flip(0)], dim=1), n)
+rowptr, col, m = graph.rowptr, graph.col, graph.num_edges
+a, _ = graph.values(torch.float32)
+directed = dk.build_graph(e, n)  # its gradient pass also walks the transposed CSR
+
+
+def same_bits(x, y):
+    return bool(((x.view(torch.int16) == y.view(torch.int16)) | (x.isnan() & y.isnan())).all())
+
+
+checked = 0
+for sd in (torch.bfloat16, torch.float16):
+    for d in (3, 16, 21, 64, 130):  # vector tails, whole blocks, several blocks
+        r = lambda *s: torch.randn(*s, generator=g)
+        y, z, v = (r(n, d).to(sd) for _ in range(3))
+        b = torch.where(torch.rand(n, d, generator=g) < 0.3,
+                        special[torch.randint(0, len(special), (n, d), generator=g)], r(n, d))
+        w, cy, rs = r(m).abs() * 0.1, r(n), r(n)
+        for wb in (w, torch.zeros(m)):  # zero weights: out = b + cy.y, the special values
+            out = ops.csr_fma(rowptr, col, wb, y, b, cy, rs)
+            ref = ops.csr_fma(rowptr, col, wb, y.float(), b, cy, rs).to(sd)
+            assert out.dtype == sd and same_bits(out, ref), (sd, d)
+        p, q = (0.5 * r(n, 7)).to(sd), (0.5 * r(n, 7)).to(sd)
+        for gr in (graph, directed):
+            csr = (gr.rowptr, gr.col, gr.values(torch.float32)[0])
+            tr = gr.transposed() or ()
+            got = ops.neural_weight_grad(*csr, p, q, z, v, 1e-6, *tr, trusted=True)
+            want = ops.neural_weight_grad(*csr, p.float(), q.float(), z.float(), v.float(), 1e-6,
+                                          *tr, trusted=True)
+            # the same sums; the compiler may contract a product into an FMA differently in
+            # the two instantiations (seen in the AVX2 build's channel tail): 1e-6, not bits
+            assert all(x.dtype == torch.float32 and
+                       float((x - y_).norm()) <= 1e-6 * float(y_.norm())
+                       for x, y_ in zip(got, want)), (sd, d)
+        got = ops.neural_edge_weights(rowptr, col, a, p, q, trusted=True)
+        want = ops.neural_edge_weights(rowptr, col, a, p.float(), q.float(), trusted=True)
+        assert all(torch.equal(x, y_) for x, y_ in zip(got, want))
+        wide64 = ops.csr_fma(rowptr, col, w.double(), y.double(), b.double(), cy.double(),
+                             rs.double()).to(sd)
+        out64 = ops.csr_fma(rowptr, col, w.double(), y, b.double(), cy.double(), rs.double())
+        assert same_bits(out64, wide64), (sd, d)  # float64 compute: the output rounded once
+        checked += 1
+print("checked", checked)
+"""
+
+
+@pytest.mark.slow  # one process per instruction-set build: a few seconds
+def test_cpu_passes_take_16bit_in_every_build(tmp_path):
+    import os
+    import platform
+    import subprocess
+    import sys
+    isas = ("generic", "avx2", "avx512") if platform.machine() in ("x86_64", "AMD64") \
+        else ("generic",)
+    ran = []
+    for isa in isas:
+        proc = subprocess.run([sys.executable, "-c", CPU_PASSES_SCRIPT], capture_output=True,
+                              text=True, cwd=tmp_path,
+                              env=dict(os.environ, DIGNN_CPU_ISA=isa, OMP_NUM_THREADS="1"))
+        if proc.returncode != 0 and "is not one of" in proc.stderr:
+            continue  # this CPU lacks the instruction set
+        assert proc.returncode == 0, (isa, proc.stderr[-3000:])
+        assert "checked 10" in proc.stdout, (isa, proc.stdout)
+        ran.append(isa)
+    assert "generic" in ran and (len(ran) >= 2 or len(isas) == 1)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_cpu_passes_equal_torch_passes(storage_dtype, one_thread):
+    """The CPU kernels' passes with 16-bit inputs (heavy hub row included) against the torch
+    backend's (_assert_passes_match_torch)."""
+    _assert_passes_match_torch("cpu", _pass_inputs(storage_dtype), storage_dtype)
+
+
+def test_cpu_ops_check_16bit_arguments():
+    """The compiled ops take 16-bit iterates and projections only where they are storage: the
+    compute-dtype arguments, and the ops without 16-bit storage, raise naming the argument."""
+    t = _pass_inputs(torch.bfloat16)
+    g = t["graph"]
+    o = torch.ops.dignn
+    with pytest.raises(RuntimeError, match=r"w must be float32 or float64 \(the compute dtype"):
+        o.csr_fma(g.rowptr, g.col, t["w"].bfloat16(), t["y"], t["b"], t["cy"], t["rs"])
+    with pytest.raises(RuntimeError, match=r"cy must have dtype Float"):
+        o.csr_fma(g.rowptr, g.col, t["w"], t["y"], t["b"], t["cy"].bfloat16(), t["rs"])
+    with pytest.raises(RuntimeError, match=r"a must be float32 or float64 \(the compute dtype"):
+        o.neural_weight_grad(g.rowptr, g.col, t["a"].bfloat16(), t["p"], t["q"], t["z"], t["v"],
+                             1e-6)
+    with pytest.raises(RuntimeError, match=r"q must have dtype BFloat16"):
+        o.neural_edge_weights(g.rowptr, g.col, t["a"], t["p"], t["q"].half(), 1e-6)
+    with pytest.raises(RuntimeError, match=r"p is BFloat16 but this op on cpu takes float32"):
+        o.neural_edge_weights_backward(g.rowptr, g.col, t["a"], t["p"], t["q"], 1e-6, t["w"],
+                                       g.rowptr, g.col, torch.arange(g.num_edges))
+    x = t["b"]
+    with pytest.raises(RuntimeError, match=r"z must have dtype Float"):
+        o.diffusion_step(g.rowptr, g.col, t["w"], t["cy"].abs(), t["rs"].abs(), x, t["y"], 3.0)
+
+
 # ------------------------------------------------------------------- the errors --
 
 @pytest.mark.parametrize("bad", [torch.float64, torch.float32, torch.int32, "bfloat16", 16,
@@ -263,10 +395,9 @@ def test_bad_storage_dtype(bad):
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 def test_unsupported_backend_and_solver(storage_dtype):
-    support = r"\('triton', 'torch'\)"
-    for name in ("cpu", "cuda"):
-        with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='{name}'.*{support}"):
-            dk.FusedImplicitDiffusion(4, backend=name, storage_dtype=storage_dtype)
+    support = r"\('cpu', 'triton', 'torch'\)"
+    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cuda'.*{support}"):
+        dk.FusedImplicitDiffusion(4, backend="cuda", storage_dtype=storage_dtype)
     for solver in ("cg", "anderson"):
         with pytest.raises(ValueError, match=r"storage_dtype=.*solver='fixed_point' only"):
             dk.FusedImplicitDiffusion(4, solver=solver, storage_dtype=storage_dtype)
@@ -275,33 +406,33 @@ def test_unsupported_backend_and_solver(storage_dtype):
     w, chi, kappa = g.fixed_laplacian("rw", torch.float32)
     call = dict(mu=3.0, storage_dtype=storage_dtype)
     args = (g.rowptr, g.col, w, x, chi, None, None, kappa)
-    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cpu'.*{support}"):
-        dk.implicit_diffusion(*args, backend="cpu", **call)
+    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cuda'.*{support}"):
+        dk.implicit_diffusion(*args, backend="cuda", **call)
     with pytest.raises(ValueError, match=r"storage_dtype=.*solver='fixed_point' only"):
         dk.implicit_diffusion(*args, backend="torch", solver="cg", **call)
-    # a layer whose backend is switched to a compiled one after construction
+    # a layer whose backend is switched to the CUDA kernels after construction
     layer = make_layer(5, dtype=torch.float32, storage_dtype=storage_dtype)
-    layer.backend = "cpu"
-    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cpu'.*{support}"):
+    layer.backend = "cuda"
+    with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cuda'.*{support}"):
         layer(x, ei)
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 def test_auto_and_default_pick_a_supporting_backend(storage_dtype, one_thread):
-    assert backends.get_backend("cpu").storage_dtypes == ()
-    assert backends.storage_backends(storage_dtype) == ("triton", "torch")
-    assert "cpu" not in backends.available_backends(torch.device("cpu"), 100, storage_dtype)
+    assert backends.get_backend("cuda").storage_dtypes == ()
+    assert backends.storage_backends(storage_dtype) == ("cpu", "triton", "torch")
+    assert backends.available_backends(torch.device("cpu"), 100, storage_dtype)[0] == "cpu"
     layer = make_layer(5, dtype=torch.float32, storage_dtype=storage_dtype)
     x, ei, _ = make_graph("symmetric", dtype=torch.float32)
     layer(x, ei)
-    assert layer.backend_used == "torch"  # auto on the CPU: the compiled backend cannot
+    assert layer.backend_used == "cpu"  # auto on the CPU: the compiled kernels
     assert "storage_dtype" in repr(layer)
     g = dk.build_graph(ei, x.size(0))
     w, chi, kappa = g.fixed_laplacian("rw", torch.float32)
     z16, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, kappa, mu=3.0,
-                                   storage_dtype=storage_dtype)  # backend None: torch here
+                                   storage_dtype=storage_dtype)  # backend None: cpu here
     z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, kappa, mu=3.0,
-                                 backend="torch", storage_dtype=storage_dtype)
+                                 backend="cpu", storage_dtype=storage_dtype)
     assert torch.equal(z16, z)
 
 

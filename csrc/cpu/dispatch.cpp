@@ -29,7 +29,8 @@ enum class Isa { kGeneric, kAvx2, kAvx512 };
 Isa detect_isa() {
 #if DIGNN_CPU_MULTI_ISA
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
@@ -52,19 +53,33 @@ Isa isa() {
   return selected;
 }
 
+// Returns FN<TARGS>(args...) of the build for this CPU's instruction set; TARGS names the
+// template arguments (a macro, see below).
 #if DIGNN_CPU_MULTI_ISA
-#define DIGNN_CALL_ISA(FN, ...)                                 \
-  switch (isa()) {                                              \
-    case Isa::kAvx512:                                          \
-      return avx512::FN<scalar_t, index_t>(__VA_ARGS__);        \
-    case Isa::kAvx2:                                            \
-      return avx2::FN<scalar_t, index_t>(__VA_ARGS__);          \
-    default:                                                    \
-      return generic::FN<scalar_t, index_t>(__VA_ARGS__);       \
+#define DIGNN_CALL_ISA(FN, TARGS, ...)              \
+  switch (isa()) {                                  \
+    case Isa::kAvx512:                              \
+      return avx512::FN<TARGS>(__VA_ARGS__);        \
+    case Isa::kAvx2:                                \
+      return avx2::FN<TARGS>(__VA_ARGS__);          \
+    default:                                        \
+      return generic::FN<TARGS>(__VA_ARGS__);       \
   }
 #else
-#define DIGNN_CALL_ISA(FN, ...) return generic::FN<scalar_t, index_t>(__VA_ARGS__);
+#define DIGNN_CALL_ISA(FN, TARGS, ...) return generic::FN<TARGS>(__VA_ARGS__);
 #endif
+// The template arguments: compute dtype, index type (and storage of the iterates).
+#define DIGNN_TARGS_WEIGHTS scalar_t, index_t
+#define DIGNN_TARGS_STORED scalar_t, index_t, storage_t
+
+bool is_storage16(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// t in the compute dtype: widened (exactly) from 16-bit storage, else t itself.
+at::Tensor widened(const at::Tensor& t, at::ScalarType compute) {
+  return t.defined() && t.scalar_type() != compute ? t.to(compute) : t;
+}
 
 template <typename T>
 const T* ptr_or_null(const at::Tensor& t) {
@@ -84,15 +99,19 @@ const char* isa_name() {
   }
 }
 
-StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
+StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges_in, at::Tensor& w,
                            at::Tensor& kappa, const NeuralStep* step, const Iterates* z) {
+  // p and q in 16-bit storage are widened first: the weights only read them, a few times.
+  const at::ScalarType compute = edges_in.a.scalar_type();
+  const NeuralEdges edges{edges_in.a, widened(edges_in.p, compute),
+                          widened(edges_in.q, compute), edges_in.eps};
   const at::Tensor none;
   const at::Tensor& y = step != nullptr ? z->current : none;
   StepNorms norms;
-  AT_DISPATCH_FLOATING_TYPES(edges.p.scalar_type(), "neural_edge_pass", [&] {
+  AT_DISPATCH_FLOATING_TYPES(compute, "neural_edge_pass", [&] {
     AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "neural_edge_pass", [&] {
       norms = [&]() -> StepNorms {
-        DIGNN_CALL_ISA(neural_edge_pass_t, csr.rowptr.data_ptr<int64_t>(),
+        DIGNN_CALL_ISA(neural_edge_pass_t, DIGNN_TARGS_WEIGHTS, csr.rowptr.data_ptr<int64_t>(),
                        csr.col.data_ptr<index_t>(), edges.a.data_ptr<scalar_t>(),
                        edges.p.data_ptr<scalar_t>(), edges.q.data_ptr<scalar_t>(),
                        csr.rowptr.numel() - 1, edges.p.size(1),
@@ -109,43 +128,83 @@ StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor&
   return norms;
 }
 
-StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
+StepNorms row_pass(const Csr& csr, const RowMap& map_in, const at::Tensor& y,
                    const at::Tensor& out) {
+  const at::ScalarType compute = map_in.w.scalar_type();
+  // b in 16 bits is widened (it is read once per row, never gathered).
+  const RowMap map{map_in.w, widened(map_in.b, compute), map_in.cy, map_in.rs};
   StepNorms norms;
-  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "row_pass", [&] {
+  const auto run = [&](auto compute_tag, auto storage_tag) {
+    using scalar_t = decltype(compute_tag);
+    using storage_t = decltype(storage_tag);
     AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "row_pass", [&] {
       norms = [&]() -> StepNorms {
-        DIGNN_CALL_ISA(row_pass_t, csr.rowptr.data_ptr<int64_t>(), csr.col.data_ptr<index_t>(),
-                       map.w.data_ptr<scalar_t>(), map.b.data_ptr<scalar_t>(),
-                       map.cy.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(map.rs),
-                       y.data_ptr<scalar_t>(), csr.rowptr.numel() - 1, y.size(1),
-                       out.data_ptr<scalar_t>())
+        DIGNN_CALL_ISA(row_pass_t, DIGNN_TARGS_STORED, csr.rowptr.data_ptr<int64_t>(),
+                       csr.col.data_ptr<index_t>(), map.w.data_ptr<scalar_t>(),
+                       map.b.data_ptr<scalar_t>(), map.cy.data_ptr<scalar_t>(),
+                       ptr_or_null<scalar_t>(map.rs), y.data_ptr<storage_t>(),
+                       csr.rowptr.numel() - 1, y.size(1), out.data_ptr<storage_t>())
       }();
     });
-  });
+  };
+  if (!is_storage16(y)) {
+    AT_DISPATCH_FLOATING_TYPES(compute, "row_pass", [&] { run(scalar_t{}, scalar_t{}); });
+  } else if (compute == at::kFloat) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(y.scalar_type(), "row_pass",
+                                       [&] { run(float{}, scalar_t{}); });
+  } else {
+    // float64 compute with 16-bit iterates: the float64 pass on y widened, its output rounded
+    // by torch (the values of a pass that widens every load; no 16-bit float64 kernels).
+    at::Tensor wide = at::empty(out.sizes(), out.options().dtype(compute));
+    norms = row_pass(csr, map, y.to(compute), wide);
+    out.copy_(wide);
+  }
   return norms;
 }
 
-void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges, const at::Tensor& t_a,
-               const EdgeGradient& grad, at::Tensor& grad_p, at::Tensor& grad_q) {
+void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges_in,
+               const at::Tensor& t_a, const EdgeGradient& grad_in, at::Tensor& grad_p,
+               at::Tensor& grad_q) {
+  const at::ScalarType compute = edges_in.a.scalar_type();
+  // p, q in 16 bits are widened first (gathered once per edge, like z and v, but the gradient
+  // of the weights is sensitive to them: see dignn_kernels/solvers/op.py). z and v stay in 16
+  // bits when both are in the same 16-bit dtype and the compute dtype is float.
+  const NeuralEdges edges{edges_in.a, widened(edges_in.p, compute),
+                          widened(edges_in.q, compute), edges_in.eps};
+  const bool stored = !grad_in.given() && compute == at::kFloat && is_storage16(grad_in.z) &&
+                      grad_in.v.scalar_type() == grad_in.z.scalar_type();
+  EdgeGradient grad = grad_in;
+  if (!grad.given() && !stored) {
+    grad.z = widened(grad.z, compute);
+    grad.v = widened(grad.v, compute);
+  }
   const at::Tensor none;
   const at::Tensor& t_rowptr = t_csr != nullptr ? t_csr->rowptr : none;
   const at::Tensor& t_col = t_csr != nullptr ? t_csr->col : none;
-  AT_DISPATCH_FLOATING_TYPES(edges.p.scalar_type(), "grad_pass", [&] {
+  const auto run = [&](auto compute_tag, auto storage_tag) {
+    using scalar_t = decltype(compute_tag);
+    using storage_t = decltype(storage_tag);
     AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "grad_pass", [&] {
       [&] {
-        DIGNN_CALL_ISA(grad_pass_t, csr.rowptr.data_ptr<int64_t>(), csr.col.data_ptr<index_t>(),
+        DIGNN_CALL_ISA(grad_pass_t, DIGNN_TARGS_STORED, csr.rowptr.data_ptr<int64_t>(),
+                       csr.col.data_ptr<index_t>(),
                        edges.a.data_ptr<scalar_t>(), edges.p.data_ptr<scalar_t>(),
                        edges.q.data_ptr<scalar_t>(), csr.rowptr.numel() - 1, edges.p.size(1),
-                       static_cast<scalar_t>(edges.eps), ptr_or_null<scalar_t>(grad.z),
-                       ptr_or_null<scalar_t>(grad.v), grad.z.defined() ? grad.z.size(1) : 0,
+                       static_cast<scalar_t>(edges.eps), ptr_or_null<storage_t>(grad.z),
+                       ptr_or_null<storage_t>(grad.v), grad.z.defined() ? grad.z.size(1) : 0,
                        ptr_or_null<scalar_t>(grad.grad_w), ptr_or_null<int64_t>(t_rowptr),
                        ptr_or_null<index_t>(t_col), ptr_or_null<scalar_t>(t_a),
                        ptr_or_null<scalar_t>(grad.t_grad_w), grad_p.data_ptr<scalar_t>(),
                        grad_q.data_ptr<scalar_t>())
       }();
     });
-  });
+  };
+  if (stored) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(grad.z.scalar_type(), "grad_pass",
+                                       [&] { run(float{}, scalar_t{}); });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(compute, "grad_pass", [&] { run(scalar_t{}, scalar_t{}); });
+  }
 }
 
 }  // namespace cpu

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,32 +37,44 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
 }  // namespace cpu
 }  // namespace dignn
 
-// Declares (in the current namespace) or explicitly instantiates the pass templates.
+// Declares (in the current namespace) or explicitly instantiates the pass templates: every
+// pass for compute dtype T and index type I with iterates stored in T, and the row and
+// gradient passes for float with iterates stored in 16 bits (DIGNN_STORAGE16_SIGNATURES).
+#define DIGNN_ROW_GRAD_SIGNATURES(PREFIX, T, I, S)                                            \
+  PREFIX StepNorms row_pass_t<T, I, S>(const int64_t*, const I*, const T*, const T*, const T*, \
+                                       const T*, const S*, int64_t, int64_t, S*);             \
+  PREFIX void grad_pass_t<T, I, S>(const int64_t*, const I*, const T*, const T*, const T*,     \
+                                   int64_t, int64_t, T, const S*, const S*, int64_t,           \
+                                   const T*, const int64_t*, const I*, const T*, const T*, T*, \
+                                   T*);
+
 #define DIGNN_PASS_SIGNATURES(PREFIX, T, I)                                                  \
   PREFIX StepNorms neural_edge_pass_t<T, I>(const int64_t*, const I*, const T*, const T*,   \
                                             const T*, int64_t, int64_t, T, T*, T*, const T*, \
                                             const T*, const T*, int64_t, T, T*);            \
-  PREFIX StepNorms row_pass_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*, \
-                                    const T*, const T*, int64_t, int64_t, T*);              \
-  PREFIX void grad_pass_t<T, I>(const int64_t*, const I*, const T*, const T*, const T*,     \
-                                int64_t, int64_t, T, const T*, const T*, int64_t, const T*, \
-                                const int64_t*, const I*, const T*, const T*, T*, T*);
+  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, T, I, T)
+
+#define DIGNN_STORAGE16_SIGNATURES(PREFIX, I)                 \
+  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::BFloat16) \
+  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::Half)
 
 #define DIGNN_PASS_ALL_TYPES(PREFIX)             \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int32_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int64_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, double, int32_t) \
-  DIGNN_PASS_SIGNATURES(PREFIX, double, int64_t)
+  DIGNN_PASS_SIGNATURES(PREFIX, double, int64_t) \
+  DIGNN_STORAGE16_SIGNATURES(PREFIX, int32_t)    \
+  DIGNN_STORAGE16_SIGNATURES(PREFIX, int64_t)
 
 #define DIGNN_PASS_TEMPLATE_DECLS                                                            \
   template <typename T, typename I>                                                          \
   StepNorms neural_edge_pass_t(const int64_t*, const I*, const T*, const T*, const T*,       \
                                int64_t, int64_t, T, T*, T*, const T*, const T*, const T*,    \
                                int64_t, T, T*);                                             \
-  template <typename T, typename I>                                                          \
+  template <typename T, typename I, typename S>                                              \
   StepNorms row_pass_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,     \
-                       const T*, int64_t, int64_t, T*);                                     \
-  template <typename T, typename I>                                                          \
+                       const S*, int64_t, int64_t, S*);                                     \
+  template <typename T, typename I, typename S>                                              \
   void grad_pass_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t, int64_t, \
-                   T, const T*, const T*, int64_t, const T*, const int64_t*, const I*,       \
+                   T, const S*, const S*, int64_t, const T*, const int64_t*, const I*,       \
                    const T*, const T*, T*, T*);

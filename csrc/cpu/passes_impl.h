@@ -38,6 +38,90 @@ inline void prefetch_row(const T* row, int64_t len) {
   for (int64_t c = 0; c < len; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 0, 3);
 }
 
+// ----------------------------------------------------------------- 16-bit storage --
+// A solve's iterates may be stored in bfloat16 or float16 (storage_dtype): the row pass reads
+// y and writes out in that dtype, the gradient pass reads z and v in it. Every load widens to
+// the compute dtype float (exact), every sum runs in float, and the row pass rounds its
+// output to nearest even on the store, as torch's .to(dtype) does. Stored<S> names the element
+// type S of such a tensor (float, double, c10::BFloat16 or c10::Half) and its loads and stores
+// of one compute vector or scalar; for S = T they are plain.
+
+typedef uint16_t HalfWords __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
+typedef uint32_t Words __attribute__((vector_size(DIGNN_VEC_BYTES)));
+
+// The bfloat16 bits of float bits b (a scalar or a vector of uint32), rounded to nearest even;
+// NaN becomes the quiet NaN 0x7fc0 (c10::BFloat16's rounding, bit for bit).
+template <typename U>
+inline U bfloat16_bits(U b) {
+  const U rounded = (b + (0x7fffu + ((b >> 16) & 1u))) >> 16;
+  return (b & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
+}
+
+template <typename S>
+struct Stored {  // S = T: the compute dtype itself
+  using T = S;
+  static inline typename Simd<T>::vec load(const S* p) { return Simd<T>::load(p); }
+  static inline void store(S* p, typename Simd<T>::vec v) { Simd<T>::store(p, v); }
+  static inline T load_one(const S* p) { return *p; }
+  static inline void store_one(S* p, T v) { *p = v; }
+};
+
+template <>
+struct Stored<c10::BFloat16> {
+  using T = float;
+  using S = c10::BFloat16;
+  static inline Simd<float>::vec load(const S* p) {
+    HalfWords h;
+    __builtin_memcpy(&h, p, sizeof(h));
+    return (Simd<float>::vec)(__builtin_convertvector(h, Words) << 16);
+  }
+  static inline void store(S* p, Simd<float>::vec v) {
+    const HalfWords h = __builtin_convertvector(bfloat16_bits((Words)v), HalfWords);
+    __builtin_memcpy(p, &h, sizeof(h));
+  }
+  static inline float load_one(const S* p) {
+    uint16_t h;
+    __builtin_memcpy(&h, p, 2);
+    const uint32_t b = static_cast<uint32_t>(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &b, 4);
+    return f;
+  }
+  static inline void store_one(S* p, float v) {
+    uint32_t b;
+    __builtin_memcpy(&b, &v, 4);
+    const uint16_t h = static_cast<uint16_t>(bfloat16_bits(b));
+    __builtin_memcpy(p, &h, 2);
+  }
+};
+
+// float16 through the compiler's _Float16 (F16C / AVX-512 conversions where the build's target
+// has them, else libgcc's; both round to nearest even, like c10::Half).
+template <>
+struct Stored<c10::Half> {
+  using T = float;
+  using S = c10::Half;
+  typedef _Float16 HalfVec __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
+  static inline Simd<float>::vec load(const S* p) {
+    HalfVec h;
+    __builtin_memcpy(&h, p, sizeof(h));
+    return __builtin_convertvector(h, Simd<float>::vec);
+  }
+  static inline void store(S* p, Simd<float>::vec v) {
+    const HalfVec h = __builtin_convertvector(v, HalfVec);
+    __builtin_memcpy(p, &h, sizeof(h));
+  }
+  static inline float load_one(const S* p) {
+    _Float16 h;
+    __builtin_memcpy(&h, p, 2);
+    return static_cast<float>(h);
+  }
+  static inline void store_one(S* p, float v) {
+    const _Float16 h = static_cast<_Float16>(v);
+    __builtin_memcpy(p, &h, 2);
+  }
+};
+
 // ------------------------------------------------------- edge scalars, many at a time --
 // The per-edge formulas of laplacian_math.h (edge_weight, edge_grad_scalars), evaluated over a
 // row's edges at once. glibc's scalar tanhf costs more than the rest of an edge, so float
@@ -180,84 +264,94 @@ inline T dist_sq(const T* __restrict__ u, const T* __restrict__ v, int64_t len) 
   });
 }
 
-// (a_i - a_j) . (b_j - b_i) when kBoth, else a_i . (b_j - b_i)
-template <bool kBoth, typename T>
-inline T edge_grad_dot(const T* __restrict__ a_i, const T* __restrict__ a_j,
-                       const T* __restrict__ b_i, const T* __restrict__ b_j, int64_t len) {
-  using S = Simd<T>;
-  typename S::vec s0{}, s1{};
+// (a_i - a_j) . (b_j - b_i) when kBoth, else a_i . (b_j - b_i); a and b stored as S
+// (widened on load), summed in the compute dtype.
+template <bool kBoth, typename S>
+inline typename Stored<S>::T edge_grad_dot(const S* __restrict__ a_i, const S* __restrict__ a_j,
+                                           const S* __restrict__ b_i, const S* __restrict__ b_j,
+                                           int64_t len) {
+  using T = typename Stored<S>::T;
+  using V = Simd<T>;
+  using L = Stored<S>;
+  typename V::vec s0{}, s1{};
   int64_t c = 0;
-  for (; c + 2 * S::kLanes <= len; c += 2 * S::kLanes) {
-    const int64_t c1 = c + S::kLanes;
-    const auto a0 = kBoth ? S::load(a_i + c) - S::load(a_j + c) : S::load(a_i + c);
-    const auto a1 = kBoth ? S::load(a_i + c1) - S::load(a_j + c1) : S::load(a_i + c1);
-    s0 += a0 * (S::load(b_j + c) - S::load(b_i + c));
-    s1 += a1 * (S::load(b_j + c1) - S::load(b_i + c1));
+  for (; c + 2 * V::kLanes <= len; c += 2 * V::kLanes) {
+    const int64_t c1 = c + V::kLanes;
+    const auto a0 = kBoth ? L::load(a_i + c) - L::load(a_j + c) : L::load(a_i + c);
+    const auto a1 = kBoth ? L::load(a_i + c1) - L::load(a_j + c1) : L::load(a_i + c1);
+    s0 += a0 * (L::load(b_j + c) - L::load(b_i + c));
+    s1 += a1 * (L::load(b_j + c1) - L::load(b_i + c1));
   }
-  for (; c + S::kLanes <= len; c += S::kLanes) {
-    const auto a0 = kBoth ? S::load(a_i + c) - S::load(a_j + c) : S::load(a_i + c);
-    s0 += a0 * (S::load(b_j + c) - S::load(b_i + c));
+  for (; c + V::kLanes <= len; c += V::kLanes) {
+    const auto a0 = kBoth ? L::load(a_i + c) - L::load(a_j + c) : L::load(a_i + c);
+    s0 += a0 * (L::load(b_j + c) - L::load(b_i + c));
   }
-  T s = S::sum(s0 + s1);
-  for (; c < len; ++c) s += (kBoth ? a_i[c] - a_j[c] : a_i[c]) * (b_j[c] - b_i[c]);
+  T s = V::sum(s0 + s1);
+  for (; c < len; ++c) {
+    const T ai = L::load_one(a_i + c);
+    s += (kBoth ? ai - L::load_one(a_j + c) : ai) * (L::load_one(b_j + c) - L::load_one(b_i + c));
+  }
   return s;
 }
 
 // ------------------------------------------------------------------ the row step --
 // out_i = b_i + cy y_i + ca sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
-// block's ||out_i - y_i||^2, ||out_i||^2.
-template <int NV, typename T, typename I>
-inline void step_block(const T* __restrict__ b_i, const T* __restrict__ y,
-                       const T* __restrict__ y_i, int64_t d, int64_t c0,
+// block's ||out_i - y_i||^2, ||out_i||^2 (of the unrounded out_i). y and out are stored as S
+// (16-bit storage: widened on load, rounded on the store), b is in the compute dtype T.
+template <int NV, typename S, typename I, typename T = typename Stored<S>::T>
+inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
+                       const S* __restrict__ y_i, int64_t d, int64_t c0,
                        const I* __restrict__ col, const T* __restrict__ w, int64_t k0,
-                       int64_t k1, T cy, T ca, T* __restrict__ out_i, T& diff_sq,
+                       int64_t k1, T cy, T ca, S* __restrict__ out_i, T& diff_sq,
                        T& out_sq) {
-  using S = Simd<T>;
-  typename S::vec acc[NV];
+  using V = Simd<T>;
+  using L = Stored<S>;
+  typename V::vec acc[NV];
 #pragma GCC unroll 16
-  for (int v = 0; v < NV; ++v) acc[v] = typename S::vec{};
+  for (int v = 0; v < NV; ++v) acc[v] = typename V::vec{};
   for (int64_t k = k0; k < k1; ++k) {
     if (k + kPrefetchEdges < k1) {
       prefetch_row(y + static_cast<int64_t>(col[k + kPrefetchEdges]) * d + c0,
-                   NV * S::kLanes);
+                   NV * V::kLanes);
     }
     const int64_t j = static_cast<int64_t>(col[k]);
-    const typename S::vec wk = S::splat(w[k]);
-    const T* __restrict__ y_j = y + j * d + c0;
+    const typename V::vec wk = V::splat(w[k]);
+    const S* __restrict__ y_j = y + j * d + c0;
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) acc[v] += wk * S::load(y_j + v * S::kLanes);
+    for (int v = 0; v < NV; ++v) acc[v] += wk * L::load(y_j + v * V::kLanes);
   }
-  const typename S::vec vcy = S::splat(cy), vca = S::splat(ca);
-  typename S::vec ds{}, os{};
+  const typename V::vec vcy = V::splat(cy), vca = V::splat(ca);
+  typename V::vec ds{}, os{};
 #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) {
-    const int64_t c = c0 + v * S::kLanes;
-    const typename S::vec yi = S::load(y_i + c);
-    const typename S::vec o = S::load(b_i + c) + vcy * yi + vca * acc[v];
-    const typename S::vec t = o - yi;
-    S::store(out_i + c, o);
+    const int64_t c = c0 + v * V::kLanes;
+    const typename V::vec yi = L::load(y_i + c);
+    const typename V::vec o = V::load(b_i + c) + vcy * yi + vca * acc[v];
+    const typename V::vec t = o - yi;
+    L::store(out_i + c, o);
     ds += t * t;
     os += o * o;
   }
-  diff_sq += S::sum(ds);
-  out_sq += S::sum(os);
+  diff_sq += V::sum(ds);
+  out_sq += V::sum(os);
 }
 
-template <typename T, typename I>
-inline void step_row(const T* __restrict__ b_i, const T* __restrict__ y,
-                     const T* __restrict__ y_i, int64_t d, const I* __restrict__ col,
+template <typename S, typename I, typename T = typename Stored<S>::T>
+inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
+                     const S* __restrict__ y_i, int64_t d, const I* __restrict__ col,
                      const T* __restrict__ w, int64_t k0, int64_t k1, T cy, T ca,
-                     T* __restrict__ out_i, T& diff_sq, T& out_sq) {
-  using S = Simd<T>;
+                     S* __restrict__ out_i, T& diff_sq, T& out_sq) {
+  using V = Simd<T>;
+  using L = Stored<S>;
   int64_t c0 = 0;
-  for (; c0 + S::kBlock <= d; c0 += S::kBlock) {
-    step_block<S::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq);
+  for (; c0 + V::kBlock <= d; c0 += V::kBlock) {
+    step_block<V::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq);
   }
-  switch ((d - c0) / S::kLanes) {  // whole vectors left: a shorter block
+  switch ((d - c0) / V::kLanes) {  // whole vectors left: a shorter block
 #define DIGNN_STEP_TAIL(NV)                                                            \
   case NV:                                                                             \
     step_block<NV>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq); \
-    c0 += NV * S::kLanes;                                                              \
+    c0 += NV * V::kLanes;                                                              \
     break;
     DIGNN_STEP_TAIL(1)
     DIGNN_STEP_TAIL(2)
@@ -274,11 +368,12 @@ inline void step_row(const T* __restrict__ b_i, const T* __restrict__ y,
     T acc = 0;
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t j = static_cast<int64_t>(col[k]);
-      acc += w[k] * y[j * d + c0];
+      acc += w[k] * L::load_one(y + j * d + c0);
     }
-    const T o = b_i[c0] + cy * y_i[c0] + ca * acc;
-    const T t = o - y_i[c0];
-    out_i[c0] = o;
+    const T yi = L::load_one(y_i + c0);
+    const T o = b_i[c0] + cy * yi + ca * acc;
+    const T t = o - yi;
+    L::store_one(out_i + c0, o);
     diff_sq += t * t;
     out_sq += o * o;
   }
@@ -330,9 +425,10 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
   return reduce_norms(parts);
 }
 
-template <typename T, typename I>
+// y and out stored as S (the compute dtype T, or 16 bits with T = float).
+template <typename T, typename I, typename S>
 StepNorms row_pass_t(const int64_t* rowptr, const I* col, const T* w, const T* b, const T* cy,
-                     const T* rs, const T* y, int64_t n, int64_t d, T* out) {
+                     const T* rs, const S* y, int64_t n, int64_t d, S* out) {
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   std::vector<StepNorms> parts(chunks.size());
   parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
@@ -423,9 +519,10 @@ struct EdgeScratch {
   }
 };
 
-template <typename T, typename I>
+// z and v stored as S (the compute dtype T, or 16 bits with T = float).
+template <typename T, typename I, typename S>
 void grad_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
-                 int64_t n, int64_t h, T eps, const T* z, const T* v, int64_t d, const T* gw,
+                 int64_t n, int64_t h, T eps, const S* z, const S* v, int64_t d, const T* gw,
                  const int64_t* t_rowptr, const I* t_col, const T* t_a, const T* t_gw,
                  T* grad_p, T* grad_q) {
   const bool transposed = t_rowptr != nullptr;

@@ -81,6 +81,8 @@ class DeviceRowStep {
 
 class DevicePasses {
  public:
+  // No 16-bit storage in the CUDA kernels (the triton backend has it on the GPU).
+  static constexpr bool kStorage16 = false;
   using Csr = DeviceCsr;
   using Residual = DeviceResidual;
   using RowStep = DeviceRowStep;

@@ -30,10 +30,11 @@ std::tuple<at::Tensor, at::Tensor> neural_edge_weights(const at::Tensor& rowptr,
                                                        const at::Tensor& col, const at::Tensor& a,
                                                        const at::Tensor& p, const at::Tensor& q,
                                                        double eps) {
-  const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
+  const int64_t n =
+      check_neural_edge_weights_args(rowptr, col, a, p, q, eps, Passes::kStorage16);
   const Passes passes(p);
-  at::Tensor w = at::empty({col.numel()}, p.options());
-  at::Tensor kappa = at::empty({n}, p.options());
+  at::Tensor w = at::empty({col.numel()}, a.options());  // the compute dtype (16-bit p, q)
+  at::Tensor kappa = at::empty({n}, a.options());
   if (n > 0) {
     passes.edge_weights(passes.csr(rowptr.contiguous(), col),
                         NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}, w,
@@ -71,10 +72,12 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
   const Transposed t =
-      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm,
+                                    Passes::kStorage16);
   const Passes passes(z);
-  at::Tensor grad_p = at::empty_like(p, at::MemoryFormat::Contiguous);
-  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+  // The gradients in the compute dtype, a's (16-bit p, q, z, v are storage).
+  at::Tensor grad_p = at::empty(p.sizes(), a.options());
+  at::Tensor grad_q = at::empty(q.sizes(), a.options());
   if (num_rows(rowptr) == 0) return {grad_p, grad_q};
   const typename Passes::Csr csr = passes.csr(rowptr.contiguous(), col);
   std::optional<typename Passes::Csr> t_csr;
@@ -90,7 +93,7 @@ template <typename Passes>
 at::Tensor csr_fma(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
                    const at::Tensor& y, const at::Tensor& b, const at::Tensor& cy,
                    const at::Tensor& rs) {
-  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
+  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs, Passes::kStorage16);
   const Passes passes(y);
   at::Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
   if (n > 0) {

@@ -41,12 +41,38 @@ inline void check_csr(const at::Tensor& rowptr, const at::Tensor& col, const cha
 
 inline int64_t num_rows(const at::Tensor& rowptr) { return rowptr.numel() - 1; }
 
-// A per-node (n x k) or per-edge (m) floating tensor on the graph's device.
+// 16-bit storage (a solve's storage_dtype): the iterates and projections a pass reads may be
+// bfloat16 or float16 where the backend's kernels take them (Passes::kStorage16); the edge
+// values, coefficients and outputs other than the row pass's stay in the compute dtype.
+inline bool is_storage16(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// A 16-bit t where the op takes none (storage16 false: another op, or kernels without 16-bit
+// storage): raises saying which passes take it.
+inline void check_storage16_supported(const at::Tensor& t, const char* name, bool storage16) {
+  TORCH_CHECK(storage16 || !is_storage16(t), name, " is ", t.scalar_type(), " but this op on ",
+              t.device().type(), " takes float32 or float64 (16-bit storage is taken by the "
+              "row and gradient passes of the CPU kernels and of backend='triton'); pass ", name,
+              " in float32 or float64");
+}
+
+// The compute dtype of a pass that takes 16-bit storage: float32 or float64.
+inline void check_compute_dtype(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name,
+              " must be float32 or float64 (the compute dtype; only iterates and projections may "
+              "be stored in 16 bits), got ", t.scalar_type());
+}
+
+// A per-node (n x k) or per-edge (m) floating tensor on the graph's device, of like's dtype
+// (storage_ok: or a 16-bit storage dtype).
 inline void check_values(const at::Tensor& t, const char* name, at::IntArrayRef expected,
-                         const at::Tensor& like, const at::Tensor& rowptr) {
+                         const at::Tensor& like, const at::Tensor& rowptr,
+                         bool storage_ok = false) {
   TORCH_CHECK(t.sizes() == expected, name, " must have shape ", expected, ", got ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ",
-              like.scalar_type(), " like the features, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() || (storage_ok && is_storage16(t)), name,
+              " must have dtype ", like.scalar_type(), " like the features, got ",
+              t.scalar_type());
   TORCH_CHECK(t.device() == rowptr.device(), name, " is on ", t.device(),
               " but the graph is on ", rowptr.device());
 }
@@ -54,15 +80,16 @@ inline void check_values(const at::Tensor& t, const char* name, at::IntArrayRef 
 // The node signal that fixes n: a row count that differs from the CSR's is reported as the
 // CSR's problem (a rowptr one entry short is the usual mistake), naming both.
 inline void check_features(const at::Tensor& x, const char* name, int64_t n,
-                           const at::Tensor& rowptr) {
+                           const at::Tensor& rowptr, bool storage_ok = false) {
   TORCH_CHECK(x.dim() == 2, name, " must be 2-D (nodes x channels), got shape ", x.sizes());
   TORCH_CHECK(x.size(0) == n, "rowptr has ", n, " + 1 entries for ", n, " rows but ", name,
               " has ", x.size(0), " rows (", name, " has ", x.size(0),
               " rows but the graph has ", n,
               " nodes): rowptr must hold num_nodes + 1 row offsets and ", name,
               " one row per node");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, name,
-              " must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ||
+                  (storage_ok && is_storage16(x)),
+              name, " must be float32 or float64, got ", x.scalar_type());
   TORCH_CHECK(x.device() == rowptr.device(), name, " is on ", x.device(),
               " but the graph is on ", rowptr.device());
 }
@@ -132,12 +159,18 @@ inline Transposed transposed_or_none(const OptTensor& t_rowptr, const OptTensor&
 // ------------------------------------------------------------------ per op (O(1)) --
 // Each returns n, the number of nodes.
 
+// storage16: p and q may be stored in 16 bits (then a holds the compute dtype).
 inline int64_t check_neural_edge_weights_args(const at::Tensor& rowptr, const at::Tensor& col,
                                               const at::Tensor& a, const at::Tensor& p,
-                                              const at::Tensor& q, double eps) {
+                                              const at::Tensor& q, double eps,
+                                              bool storage16 = false) {
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
-  check_projections(p, q, p, n, rowptr);
-  check_values(a, "a", {col.numel()}, p, rowptr);
+  check_storage16_supported(p, "p", storage16);
+  check_features(p, "p", n, rowptr, storage16);
+  check_values(q, "q", p.sizes(), p, rowptr);
+  const at::Tensor& like = is_storage16(p) ? a : p;
+  check_compute_dtype(like, "a");
+  check_values(a, "a", {col.numel()}, like, rowptr);
   TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
   return n;
 }
@@ -166,27 +199,42 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
   return n;
 }
 
+// storage16: y (and b) may be stored in 16 bits (then w holds the compute dtype).
 inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& col,
                                   const at::Tensor& w, const at::Tensor& y, const at::Tensor& b,
-                                  const at::Tensor& cy, const at::Tensor& rs) {
+                                  const at::Tensor& cy, const at::Tensor& rs, bool storage16) {
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
-  check_features(y, "y", n, rowptr);
-  check_values(b, "b", y.sizes(), y, rowptr);
-  check_values(w, "w", {col.numel()}, y, rowptr);
-  check_values(cy, "cy", {n}, y, rowptr);
-  check_values(rs, "rs", {n}, y, rowptr);
+  check_storage16_supported(y, "y", storage16);
+  check_features(y, "y", n, rowptr, storage16);
+  const at::Tensor& like = is_storage16(y) ? w : y;
+  check_compute_dtype(like, "w");
+  check_storage16_supported(b, "b", storage16);
+  check_values(b, "b", y.sizes(), like, rowptr, storage16);
+  check_values(w, "w", {col.numel()}, like, rowptr);
+  check_values(cy, "cy", {n}, like, rowptr);
+  check_values(rs, "rs", {n}, like, rowptr);
   return n;
 }
 
+// storage16: z, v, p and q may be stored in 16 bits (then a holds the compute dtype, that of
+// the gradients).
 inline Transposed check_neural_weight_grad_args(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, const OptTensor& t_rowptr,
-    const OptTensor& t_col, const OptTensor& t_perm) {
+    const OptTensor& t_col, const OptTensor& t_perm, bool storage16) {
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
-  check_features(z, "z", n, rowptr);
-  check_values(v, "v", z.sizes(), z, rowptr);
-  check_projections(p, q, z, n, rowptr);
-  check_values(a, "a", {col.numel()}, z, rowptr);
+  check_storage16_supported(z, "z", storage16);
+  check_features(z, "z", n, rowptr, storage16);
+  const at::Tensor& like = is_storage16(z) ? a : z;
+  check_compute_dtype(like, "a");
+  check_storage16_supported(v, "v", storage16);
+  check_storage16_supported(p, "p", storage16);
+  check_storage16_supported(q, "q", storage16);
+  check_values(v, "v", z.sizes(), like, rowptr, storage16);
+  check_features(p, "p", n, rowptr, storage16);
+  check_values(q, "q", p.sizes(), like, rowptr, storage16);
+  check_values(p, "p", q.sizes(), like, rowptr, storage16);
+  check_values(a, "a", {col.numel()}, like, rowptr);
   return transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
 }
 

@@ -4,6 +4,10 @@
 //
 //   class Passes {
 //     explicit Passes(const at::Tensor& like);  // on like's device (a GPU: guard and stream)
+//     // Whether row_pass takes y (and out) and weight_grads z, v (and the projections p, q)
+//     // stored in bfloat16 or float16, the other tensors in the compute dtype (float32 or
+//     // float64; checks.h, is_storage16); edge_weights then takes 16-bit p, q too.
+//     static constexpr bool kStorage16;
 //
 //     using Csr = ...;       // a CSR as the kernels read it, made by csr()
 //     using Residual = ...;  // the bookkeeping of a solve, below

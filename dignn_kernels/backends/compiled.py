@@ -8,10 +8,19 @@ devices, csrc/ops/), which fuses the edge weights into the first sweep and runs 
 without returning to Python. On the CPU it is faster than the solvers' loop over the passes
 (bench/test_cpu_speed.py measures the layer on it); on a GPU it launches from C++ and keeps
 the convergence test on the device.
+
+16-bit storage (``storage_dtype``): the CPU kernels' row pass takes y in bfloat16 or float16
+and writes its output there (rounded to nearest even), the gradient pass gathers z and v in
+16 bits, each load widened to float32 where every sum runs (csrc/cpu/passes_impl.h, "16-bit
+storage"); p and q in 16 bits are widened once per pass. A solve with 16-bit iterates runs
+the solvers' loop over these passes, not the fused loop. On cornell5 (one thread) a bfloat16
+cached sweep takes about half the time of a float32 one: the gathers of neighbour rows move
+half the bytes (bench/storage_dtype_cpu.py). The CUDA kernels have no 16-bit storage (the
+``triton`` backend has it on the GPU): their ops raise on 16-bit iterates.
 """
 import torch
 
-from .interface import Backend, FusedSolve
+from .interface import STORAGE_DTYPES, Backend, FusedSolve
 
 __all__ = ["CPU", "CUDA"]
 
@@ -27,7 +36,8 @@ _FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diff
 
 CPU = Backend(name="cpu", available=lambda device: device.type == "cpu",
               neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-              gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED)
+              gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
+              storage_dtypes=STORAGE_DTYPES)
 
 CUDA = Backend(name="cuda",
                available=lambda device: device.type == "cuda" and _cuda_built()

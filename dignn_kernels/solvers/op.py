@@ -96,8 +96,12 @@ def _effective_check_every(check_every: int, device: torch.device, solver: str) 
     return check_every if check_every >= 0 else default_check_every(device, solver)
 
 
-def _fused(backend_name: str, solver: str):
-    return get_backend(backend_name).fused_solve if solver == "fixed_point" else None
+def _fused(backend_name: str, solver: str, storage_dtype: Optional[torch.dtype]):
+    """The backend's own fixed-point loop, where it runs this solve: fixed point, iterates in
+    the compute dtype (16-bit storage runs the solvers' loop over the passes)."""
+    if solver != "fixed_point" or storage_dtype is not None:
+        return None
+    return get_backend(backend_name).fused_solve
 
 
 def _stored(t: Optional[Tensor], storage_dtype: Optional[torch.dtype]) -> Optional[Tensor]:
@@ -123,7 +127,7 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
     stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    fused = _fused(backend, solver)
+    fused = _fused(backend, solver, storage_dtype)
     if fused is not None:
         z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
                                                eps, max_iter, tol, t_rowptr, t_col, t_perm)
@@ -165,7 +169,7 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     the z, v the gradient pass reads are in that dtype, the results in x's."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    fused = _fused(backend, solver)
+    fused = _fused(backend, solver, storage_dtype)
     neural = p is not None
     if fused is not None:
         grad_x, grad_chi, grad_p, grad_q, stats = fused.backward(
@@ -333,8 +337,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
       every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa, chi, the row
       coefficients and the convergence norms stay wide, and z and the gradients come back in
       x's dtype. Fixed point only, on a backend that
-      supports it (:func:`dignn_kernels.backends.storage_backends`: ``"triton"`` and
-      ``"torch"``); with ``backend=None`` the first of them available on x's device.
+      supports it (:func:`dignn_kernels.backends.storage_backends`: ``"cpu"``, ``"triton"``
+      and ``"torch"``); with ``backend=None`` the first of them available on x's device.
 
     The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
     once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual
