@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>  // the 16-bit conversions of the x86 builds (passes_impl.h)
+#endif
+
 #include "cpu/kernels.h"
 #include "cpu/parallel_rows.h"
 #include "dignn/laplacian_math.h"

@@ -38,90 +38,6 @@ inline void prefetch_row(const T* row, int64_t len) {
   for (int64_t c = 0; c < len; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 0, 3);
 }
 
-// ----------------------------------------------------------------- 16-bit storage --
-// A solve's iterates may be stored in bfloat16 or float16 (storage_dtype): the row pass reads
-// y and writes out in that dtype, the gradient pass reads z and v in it. Every load widens to
-// the compute dtype float (exact), every sum runs in float, and the row pass rounds its
-// output to nearest even on the store, as torch's .to(dtype) does. Stored<S> names the element
-// type S of such a tensor (float, double, c10::BFloat16 or c10::Half) and its loads and stores
-// of one compute vector or scalar; for S = T they are plain.
-
-typedef uint16_t HalfWords __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
-typedef uint32_t Words __attribute__((vector_size(DIGNN_VEC_BYTES)));
-
-// The bfloat16 bits of float bits b (a scalar or a vector of uint32), rounded to nearest even;
-// NaN becomes the quiet NaN 0x7fc0 (c10::BFloat16's rounding, bit for bit).
-template <typename U>
-inline U bfloat16_bits(U b) {
-  const U rounded = (b + (0x7fffu + ((b >> 16) & 1u))) >> 16;
-  return (b & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
-}
-
-template <typename S>
-struct Stored {  // S = T: the compute dtype itself
-  using T = S;
-  static inline typename Simd<T>::vec load(const S* p) { return Simd<T>::load(p); }
-  static inline void store(S* p, typename Simd<T>::vec v) { Simd<T>::store(p, v); }
-  static inline T load_one(const S* p) { return *p; }
-  static inline void store_one(S* p, T v) { *p = v; }
-};
-
-template <>
-struct Stored<c10::BFloat16> {
-  using T = float;
-  using S = c10::BFloat16;
-  static inline Simd<float>::vec load(const S* p) {
-    HalfWords h;
-    __builtin_memcpy(&h, p, sizeof(h));
-    return (Simd<float>::vec)(__builtin_convertvector(h, Words) << 16);
-  }
-  static inline void store(S* p, Simd<float>::vec v) {
-    const HalfWords h = __builtin_convertvector(bfloat16_bits((Words)v), HalfWords);
-    __builtin_memcpy(p, &h, sizeof(h));
-  }
-  static inline float load_one(const S* p) {
-    uint16_t h;
-    __builtin_memcpy(&h, p, 2);
-    const uint32_t b = static_cast<uint32_t>(h) << 16;
-    float f;
-    __builtin_memcpy(&f, &b, 4);
-    return f;
-  }
-  static inline void store_one(S* p, float v) {
-    uint32_t b;
-    __builtin_memcpy(&b, &v, 4);
-    const uint16_t h = static_cast<uint16_t>(bfloat16_bits(b));
-    __builtin_memcpy(p, &h, 2);
-  }
-};
-
-// float16 through the compiler's _Float16 (F16C / AVX-512 conversions where the build's target
-// has them, else libgcc's; both round to nearest even, like c10::Half).
-template <>
-struct Stored<c10::Half> {
-  using T = float;
-  using S = c10::Half;
-  typedef _Float16 HalfVec __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
-  static inline Simd<float>::vec load(const S* p) {
-    HalfVec h;
-    __builtin_memcpy(&h, p, sizeof(h));
-    return __builtin_convertvector(h, Simd<float>::vec);
-  }
-  static inline void store(S* p, Simd<float>::vec v) {
-    const HalfVec h = __builtin_convertvector(v, HalfVec);
-    __builtin_memcpy(p, &h, sizeof(h));
-  }
-  static inline float load_one(const S* p) {
-    _Float16 h;
-    __builtin_memcpy(&h, p, 2);
-    return static_cast<float>(h);
-  }
-  static inline void store_one(S* p, float v) {
-    const _Float16 h = static_cast<_Float16>(v);
-    __builtin_memcpy(p, &h, 2);
-  }
-};
-
 // ------------------------------------------------------- edge scalars, many at a time --
 // The per-edge formulas of laplacian_math.h (edge_weight, edge_grad_scalars), evaluated over a
 // row's edges at once. glibc's scalar tanhf costs more than the rest of an edge, so float
@@ -224,6 +140,122 @@ inline void edge_grad_batch(const float* a, const float* g, const float* pi, con
     cq[e] = c.cq;
   }
 }
+
+// ----------------------------------------------------------------- 16-bit storage --
+// A solve's iterates may be stored in bfloat16 or float16 (storage_dtype): the row pass reads
+// y and writes out in that dtype, the gradient pass reads z and v in it. Every load widens to
+// the compute dtype float (exact), every sum runs in float, and the row pass rounds its
+// output to nearest even on the store, as torch's .to(dtype) does. Stored<S> names the element
+// type S of such a tensor (float, double, c10::BFloat16 or c10::Half) and its loads and stores
+// of one compute vector or scalar; for S = T they are plain.
+
+typedef uint16_t HalfWords __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
+typedef uint32_t Words __attribute__((vector_size(DIGNN_VEC_BYTES)));
+
+// The bfloat16 bits of float bits b (a scalar or a vector of uint32), rounded to nearest even;
+// NaN becomes the quiet NaN 0x7fc0 (c10::BFloat16's rounding, bit for bit).
+template <typename U>
+inline U bfloat16_bits(U b) {
+  const U rounded = (b + (0x7fffu + ((b >> 16) & 1u))) >> 16;
+  return (b & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
+}
+
+// Widening loads of one vector of 16-bit values with the instruction set's conversions (the
+// portable vector code of the baseline build measured no faster than float32 loads in the
+// AVX-512 build on cornell5, these about twice as fast: bench/test_cpu_speed.py).
+#if defined(__x86_64__) && DIGNN_VEC_BYTES == 64
+// (the zero-masked forms with a full mask: the plain ones start from an undefined register,
+// which GCC 12 reports as maybe uninitialized)
+constexpr __mmask16 kAllLanes = 0xffff;
+inline FVec load_bfloat16(const void* p) {
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(
+      kAllLanes, _mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  return (FVec)_mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAllLanes, w, 16));
+}
+inline FVec load_float16(const void* p) {
+  return (FVec)_mm512_maskz_cvtph_ps(kAllLanes,
+                                     _mm256_loadu_si256(static_cast<const __m256i*>(p)));
+}
+inline void store_float16(void* p, FVec v) {
+  _mm256_storeu_si256(static_cast<__m256i*>(p),
+                      _mm512_maskz_cvtps_ph(kAllLanes, (__m512)v,
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#elif defined(__x86_64__) && DIGNN_VEC_BYTES == 32
+inline FVec load_bfloat16(const void* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  return (FVec)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline FVec load_float16(const void* p) {
+  return (FVec)_mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
+inline void store_float16(void* p, FVec v) {
+  _mm_storeu_si128(static_cast<__m128i*>(p),
+                   _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else  // the baseline build: portable vector code; float16 lane by lane through c10::Half
+inline FVec load_bfloat16(const void* p) {
+  HalfWords h;
+  __builtin_memcpy(&h, p, sizeof(h));
+  return (FVec)(__builtin_convertvector(h, Words) << 16);
+}
+inline FVec load_float16(const void* p) {
+  const c10::Half* h = static_cast<const c10::Half*>(p);
+  FVec v;
+  for (int l = 0; l < kFloatLanes; ++l) v[l] = static_cast<float>(h[l]);
+  return v;
+}
+inline void store_float16(void* p, FVec v) {
+  c10::Half* h = static_cast<c10::Half*>(p);
+  for (int l = 0; l < kFloatLanes; ++l) h[l] = c10::Half(v[l]);
+}
+#endif
+
+template <typename S>
+struct Stored {  // S = T: the compute dtype itself
+  using T = S;
+  static inline typename Simd<T>::vec load(const S* p) { return Simd<T>::load(p); }
+  static inline void store(S* p, typename Simd<T>::vec v) { Simd<T>::store(p, v); }
+  static inline T load_one(const S* p) { return *p; }
+  static inline void store_one(S* p, T v) { *p = v; }
+};
+
+template <>
+struct Stored<c10::BFloat16> {
+  using T = float;
+  using S = c10::BFloat16;
+  static inline FVec load(const S* p) { return load_bfloat16(p); }
+  static inline void store(S* p, FVec v) {
+    const HalfWords h = __builtin_convertvector(bfloat16_bits((Words)v), HalfWords);
+    __builtin_memcpy(p, &h, sizeof(h));
+  }
+  static inline float load_one(const S* p) {
+    uint16_t h;
+    __builtin_memcpy(&h, p, 2);
+    const uint32_t b = static_cast<uint32_t>(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &b, 4);
+    return f;
+  }
+  static inline void store_one(S* p, float v) {
+    uint32_t b;
+    __builtin_memcpy(&b, &v, 4);
+    const uint16_t h = static_cast<uint16_t>(bfloat16_bits(b));
+    __builtin_memcpy(p, &h, 2);
+  }
+};
+
+// float16: the F16C / AVX-512 conversions (round to nearest even), c10::Half elsewhere and
+// for single values (torch's own conversion).
+template <>
+struct Stored<c10::Half> {
+  using T = float;
+  using S = c10::Half;
+  static inline FVec load(const S* p) { return load_float16(p); }
+  static inline void store(S* p, FVec v) { store_float16(p, v); }
+  static inline float load_one(const S* p) { return static_cast<float>(*p); }
+  static inline void store_one(S* p, float v) { *p = c10::Half(v); }
+};
 
 // ------------------------------------------------------------ dot-product reductions --
 // Sum over c of f(u[c], v[c], ...) with independent vector partial sums.
