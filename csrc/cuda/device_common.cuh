@@ -5,6 +5,14 @@
 #include "cuda/launch.h"
 #include "dignn/laplacian_math.h"
 
+// A run-time loop that nvcc is not to unroll: the general path of rows wider than one channel
+// block, whose unrolled copies would each hold their loads in registers on top of a batch's.
+#if defined(__CUDACC__) && !defined(DIGNN_SIMT_EMULATION)
+#define DIGNN_NO_UNROLL _Pragma("unroll 1")
+#else
+#define DIGNN_NO_UNROLL
+#endif
+
 namespace dignn {
 namespace DIGNN_SIMT_NS {
 
@@ -174,26 +182,110 @@ DIGNN_DEV void for_each_edge_batch(const Segment& sg, int lane, const Load& load
   }
 }
 
-// For the channel vectors vi = first, first + G, ... < nvec of two node signals x and y (rows
-// of `width` channels; x_row and y_row: the rows of the segment's node) and each of the first
-// `valid` edges u of a batch, with j = j[u]: f(u, x_row, y_row, x_j, y_j), each the vector vi
-// of that row.
+// This lane's channel vectors of channel block cb of one row (rows of `nvec` vectors): vectors
+// cb + lane + t G, t < kCudaVecsPerLane; zero beyond the row or when !ok.
+template <typename T, int V, int G>
+DIGNN_DEV void load_lane_block(const T* row, int64_t nvec, int64_t cb, int lane, bool ok,
+                               Pack<T, V> (&out)[kCudaVecsPerLane]) {
+  const T* at = row + (cb + lane) * V;  // vector t at a constant offset from it
+  DIGNN_UNROLL
+  for (int t = 0; t < kCudaVecsPerLane; ++t) {
+    const bool in_row = cb + lane + t * G < nvec;
+    out[t] = ok && in_row ? load_ro<T, V>(at + t * G * V) : zero_pack<T, V>();
+  }
+}
+
+// The same vectors of rows j[u] of x (rows of `width` channels, `nvec` vectors) for the U edges
+// of a batch (zero for the edges u >= valid). Independent loads: a caller that makes every
+// load of a batch before its math has them all in flight at once.
+template <typename T, int V, int G, int U>
+DIGNN_DEV void load_batch_block(const T* x, int64_t width, int64_t nvec, int64_t cb, int lane,
+                                const int32_t (&j)[U], int valid,
+                                Pack<T, V> (&out)[U][kCudaVecsPerLane]) {
+  DIGNN_UNROLL
+  for (int u = 0; u < U; ++u) {
+    load_lane_block<T, V, G>(x + static_cast<int64_t>(j[u]) * width, nvec, cb, lane, u < valid,
+                             out[u]);
+  }
+}
+
+// For this lane's channel vectors vi = lane, lane + G, ... < nvec of two node signals x and y
+// (rows of `width` channels; x_row and y_row: the rows of the segment's node), in vector
+// order, and each edge u of a batch, with j = j[u]: f(u, x_i, y_i, x_j, y_j), each the vector
+// vi of that row. The vectors of channel block 0 come from registers: xi, yi (row i's,
+// load_lane_block) and xj, yj (the batch's, load_batch_block). Only a row wider than one block
+// loads the rest here, each vector's loads before its math; only a group of a whole warp has
+// such rows (group_size, launch.h), so smaller groups are compiled without that loop and the
+// registers it holds. f is also called for the edges u >= valid, with zero vectors j: their
+// results are to be ignored.
 template <typename T, int V, int G, int U, typename F>
-DIGNN_DEV void for_each_neighbour_vector(int64_t first, int64_t nvec, int64_t width,
-                                         const T* x, const T* y, const T* x_row,
-                                         const T* y_row, const int32_t (&j)[U], int valid,
-                                         const F& f) {
-  for (int64_t vi = first; vi < nvec; vi += G) {
-    const Pack<T, V> xv = load_ro<T, V>(x_row + vi * V);
-    const Pack<T, V> yv = load_ro<T, V>(y_row + vi * V);
-    DIGNN_UNROLL
-    for (int u = 0; u < U; ++u) {
-      if (u < valid) {
-        const int64_t off = static_cast<int64_t>(j[u]) * width + vi * V;
-        f(u, xv, yv, load_ro<T, V>(x + off), load_ro<T, V>(y + off));
-      }
+DIGNN_DEV void for_each_lane_vector(int lane, int64_t nvec, int64_t width, const T* x,
+                                    const T* y, const T* x_row, const T* y_row,
+                                    const Pack<T, V> (&xi)[kCudaVecsPerLane],
+                                    const Pack<T, V> (&yi)[kCudaVecsPerLane],
+                                    const Pack<T, V> (&xj)[U][kCudaVecsPerLane],
+                                    const Pack<T, V> (&yj)[U][kCudaVecsPerLane],
+                                    const int32_t (&j)[U], int valid, const F& f) {
+  DIGNN_UNROLL
+  for (int t = 0; t < kCudaVecsPerLane; ++t) {
+    if (lane + t * G < nvec) {
+      DIGNN_UNROLL
+      for (int u = 0; u < U; ++u) f(u, xi[t], yi[t], xj[u][t], yj[u][t]);
     }
   }
+  if constexpr (G == kCudaWarpLanes) {
+    DIGNN_NO_UNROLL
+    for (int64_t vi = lane + kCudaVecsPerLane * G; vi < nvec; vi += G) {
+      const Pack<T, V> xv = load_ro<T, V>(x_row + vi * V);
+      const Pack<T, V> yv = load_ro<T, V>(y_row + vi * V);
+      Pack<T, V> xj_v[U], yj_v[U];
+      DIGNN_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int64_t off = static_cast<int64_t>(j[u]) * width + vi * V;
+        xj_v[u] = u < valid ? load_ro<T, V>(x + off) : zero_pack<T, V>();
+        yj_v[u] = u < valid ? load_ro<T, V>(y + off) : zero_pack<T, V>();
+      }
+      DIGNN_UNROLL
+      for (int u = 0; u < U; ++u) f(u, xv, yv, xj_v[u], yj_v[u]);
+    }
+  }
+}
+
+// pi_u = p_i . p_{j_u} and r2_u = ||q_i - q_{j_u}||^2 (eq. 13-14) for the U edges of a batch:
+// each lane sums its channel vectors in order (for_each_lane_vector; pi_blk, qi_blk, pj, qj:
+// the registers of channel block 0), then the group sums the lanes. Identical in every lane;
+// meaningless for the edges u >= valid.
+template <typename T, int V, int G, int U>
+DIGNN_DEV void edge_metrics(const Group<G>& grp, const T* p, const T* q, int64_t h,
+                            const T* p_row, const T* q_row,
+                            const Pack<T, V> (&pi_blk)[kCudaVecsPerLane],
+                            const Pack<T, V> (&qi_blk)[kCudaVecsPerLane],
+                            const Pack<T, V> (&pj)[U][kCudaVecsPerLane],
+                            const Pack<T, V> (&qj)[U][kCudaVecsPerLane], const int32_t (&j)[U],
+                            int valid, T (&pi)[U], T (&r2)[U]) {
+  DIGNN_UNROLL
+  for (int u = 0; u < U; ++u) pi[u] = r2[u] = T(0);
+  for_each_lane_vector<T, V, G>(
+      grp.lane, h / V, h, p, q, p_row, q_row, pi_blk, qi_blk, pj, qj, j, valid,
+      [&](int u, const Pack<T, V>& pv, const Pack<T, V>& qv, const Pack<T, V>& pj_v,
+          const Pack<T, V>& qj_v) { add_edge_metrics<T, V>(pv, pj_v, qv, qj_v, pi[u], r2[u]); });
+  DIGNN_UNROLL
+  for (int u = 0; u < U; ++u) {
+    pi[u] = grp.sum(pi[u]);
+    r2[u] = grp.sum(r2[u]);
+  }
+}
+
+// x[k] for 0 <= k < U, else x[0], by selects (no run-time indexing of a register array). With
+// k = lane - eb, lane eb + u of a batch picks the value of edge u: the edge it holds, so that
+// each lane makes the per-edge scalars of its own edge once instead of every lane making those
+// of every edge, and the group reads them back with U shuffles.
+template <typename T, int U>
+DIGNN_DEV T edge_value_of_lane(const T (&x)[U], int k) {
+  T v = x[0];
+  DIGNN_UNROLL
+  for (int u = 1; u < U; ++u) v = k == u ? x[u] : v;
+  return v;
 }
 
 // Writes this block's two sums (per group values, in group order) to out[2 * block + {0, 1}].

@@ -20,11 +20,15 @@ struct GradEdgeSlot {
   T s0, s1;
 };
 
-template <typename T, int V, int G>
+// One segment per group of G lanes. kFormed: dl/dW is formed from v and z (A.mode one of
+// kEdgeGradSymmetric, kEdgeGradOut, kEdgeGradIn), else given per edge (kEdgeGradGiven); a
+// compile-time choice, so that neither kernel holds the other's registers.
+template <typename T, int V, int G, bool kFormed>
 DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   constexpr int U = kCudaGradUnroll;
+  static_assert(G % U == 0, "a batch of edges lies within the group's G edges");
   const Group<G> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / G;
@@ -34,32 +38,33 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
 
   const Segment sg = resolve_segment(A.sched, A.rowptr, segment);
   const int64_t i = sg.row;
-  const bool heavy = sg.nseg > 1;
   const int64_t h = A.h;
   const int64_t nvec_h = h / V;
   const int64_t d = A.d;
-  const bool formed = A.mode != kEdgeGradGiven;
-  const int64_t nvec_d = formed ? d / V : 0;
+  const int64_t nvec_d = kFormed ? d / V : 0;
   const T* p_i = A.p + i * h;
   const T* q_i = A.q + i * h;
-  const T* v_i = formed ? A.v + i * d : nullptr;
-  const T* z_i = formed ? A.z + i * d : nullptr;
-  const int64_t pstride = grad_partial_stride(h);
+  const T* v_i = kFormed ? A.v + i * d : nullptr;
+  const T* z_i = kFormed ? A.z + i * d : nullptr;
+  // A segment of a heavy row writes its sums to its slot of A.partial; null: the row is
+  // finished here.
+  T* const heavy_slot = sg.nseg > 1 ? A.partial + sg.slot * grad_partial_stride(h) : nullptr;
 
   for (int64_t cb = 0; cb == 0 || cb < nvec_h; cb += kBlockVecs) {
     // The edge scalars (cp, cq) are made in channel block 0; later blocks (h wider than a
     // block) read them back from edge_scratch, each lane the edges it wrote itself.
     const bool first = cb == 0;
     Pack<T, V> gp[kCudaVecsPerLane], gq[kCudaVecsPerLane];
-    Pack<T, V> pi_blk[kCudaVecsPerLane], qi_blk[kCudaVecsPerLane];  // row i's vectors of block 0
     DIGNN_UNROLL
-    for (int t = 0; t < kCudaVecsPerLane; ++t) {
-      gp[t] = gq[t] = zero_pack<T, V>();
-      const int64_t vh = lane + t * G;
-      const bool ok = first && vh < nvec_h;
-      pi_blk[t] = ok ? load_ro<T, V>(p_i + vh * V) : zero_pack<T, V>();
-      qi_blk[t] = ok ? load_ro<T, V>(q_i + vh * V) : zero_pack<T, V>();
-    }
+    for (int t = 0; t < kCudaVecsPerLane; ++t) gp[t] = gq[t] = zero_pack<T, V>();
+    // Row i's vectors of channel block 0 (p, q, and v, z when dl/dW is formed), held over the
+    // edges of block 0.
+    Pack<T, V> pi_blk[kCudaVecsPerLane], qi_blk[kCudaVecsPerLane];
+    Pack<T, V> vi_blk[kCudaVecsPerLane], zi_blk[kCudaVecsPerLane];
+    load_lane_block<T, V, G>(p_i, nvec_h, 0, lane, first, pi_blk);
+    load_lane_block<T, V, G>(q_i, nvec_h, 0, lane, first, qi_blk);
+    load_lane_block<T, V, G>(v_i, nvec_d, 0, lane, first, vi_blk);
+    load_lane_block<T, V, G>(z_i, nvec_d, 0, lane, first, zi_blk);
     T cq_sum = T(0);
 
     // Lane l holds edge kb + l: its column and, in block 0, (a, given dl/dW), in later blocks
@@ -70,7 +75,7 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         slot.j = A.col[e];
         if (first) {
           slot.s0 = simt::ldg(A.a + e);
-          slot.s1 = formed ? T(0) : simt::ldg(A.given + e);
+          slot.s1 = kFormed ? T(0) : simt::ldg(A.given + e);
         } else {
           slot.s0 = A.edge_scratch[2 * e];
           slot.s1 = A.edge_scratch[2 * e + 1];
@@ -88,86 +93,84 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         const int valid = count - eb;
         int32_t j[U];
         T cp[U], cq[U];
-        Pack<T, V> pj[U][kCudaVecsPerLane], qj[U][kCudaVecsPerLane];
         DIGNN_UNROLL
-        for (int u = 0; u < U; ++u) {
-          j[u] = grp.bcast(j_lane, eb + u);
-          cp[u] = grp.bcast(s0_lane, eb + u);
-          cq[u] = grp.bcast(s1_lane, eb + u);
-        }
-        DIGNN_UNROLL
-        for (int u = 0; u < U; ++u) {
-          const T* p_j = A.p + static_cast<int64_t>(j[u]) * h;
-          const T* q_j = A.q + static_cast<int64_t>(j[u]) * h;
+        for (int u = 0; u < U; ++u) j[u] = grp.bcast(j_lane, eb + u);
+        if (!first) {
           DIGNN_UNROLL
-          for (int t = 0; t < kCudaVecsPerLane; ++t) {
-            const int64_t vh = cb + lane + t * G;
-            const bool ok = u < valid && vh < nvec_h;
-            pj[u][t] = ok ? load_ro<T, V>(p_j + vh * V) : zero_pack<T, V>();
-            qj[u][t] = ok ? load_ro<T, V>(q_j + vh * V) : zero_pack<T, V>();
+          for (int u = 0; u < U; ++u) {
+            cp[u] = grp.bcast(s0_lane, eb + u);
+            cq[u] = grp.bcast(s1_lane, eb + u);
           }
         }
-        if (first) {  // cp[u] holds a, cq[u] the given dl/dW: make the edge scalars
+        // Every neighbour-row load of the batch before any math: p_j and q_j over this lane's
+        // vectors of block cb and, in block 0 when dl/dW is formed, v_j and z_j.
+        Pack<T, V> pj[U][kCudaVecsPerLane], qj[U][kCudaVecsPerLane];
+        load_batch_block<T, V, G>(A.p, h, nvec_h, cb, lane, j, valid, pj);
+        load_batch_block<T, V, G>(A.q, h, nvec_h, cb, lane, j, valid, qj);
+        if (first) {  // make the edge scalars
+          Pack<T, V> vj[U][kCudaVecsPerLane], zj[U][kCudaVecsPerLane];
+          load_batch_block<T, V, G>(A.v, d, nvec_d, 0, lane, j, valid, vj);
+          load_batch_block<T, V, G>(A.z, d, nvec_d, 0, lane, j, valid, zj);
           T s_pi[U], s_r2[U], s_g[U];
           DIGNN_UNROLL
-          for (int u = 0; u < U; ++u) {
-            s_pi[u] = s_r2[u] = s_g[u] = T(0);
-            DIGNN_UNROLL
-            for (int t = 0; t < kCudaVecsPerLane; ++t) {  // vectors lane + t G, in order
-              add_edge_metrics<T, V>(pi_blk[t], pj[u][t], qi_blk[t], qj[u][t], s_pi[u], s_r2[u]);
-            }
-          }
-          // wide h: the vectors beyond block 0
-          for_each_neighbour_vector<T, V, G>(
-              lane + kCudaVecsPerLane * G, nvec_h, h, A.p, A.q, p_i, q_i, j, valid,
-              [&](int u, const Pack<T, V>& pv, const Pack<T, V>& qv, const Pack<T, V>& pj_v,
-                  const Pack<T, V>& qj_v) {
-                add_edge_metrics<T, V>(pv, pj_v, qv, qj_v, s_pi[u], s_r2[u]);
-              });
-          if (formed) {  // dl/dW of the edge from v and z
-            for_each_neighbour_vector<T, V, G>(
-                lane, nvec_d, d, A.v, A.z, v_i, z_i, j, valid,
-                [&](int u, const Pack<T, V>& vi, const Pack<T, V>& zi, const Pack<T, V>& vj,
-                    const Pack<T, V>& zj) {
-                  DIGNN_UNROLL
-                  for (int c = 0; c < V; ++c) {
-                    T lhs, rhs;
-                    if (A.mode == kEdgeGradSymmetric) {  // (v_i - v_j).(z_j - z_i)
-                      lhs = vi.v[c] - vj.v[c];
-                      rhs = zj.v[c] - zi.v[c];
-                    } else if (A.mode == kEdgeGradOut) {  // v_i.(z_j - z_i)
-                      lhs = vi.v[c];
-                      rhs = zj.v[c] - zi.v[c];
-                    } else {  // v_j.(z_i - z_j)
-                      lhs = vj.v[c];
-                      rhs = zi.v[c] - zj.v[c];
+          for (int u = 0; u < U; ++u) s_g[u] = T(0);
+          if (kFormed) {  // dl/dW of the edges from v and z, first: v_j and z_j are then free
+            // (the mode a compile-time constant in the loop over the vectors: no branch per
+            // channel)
+            const auto add_formed = [&](auto mode) {
+              constexpr int kMode = decltype(mode)::value;
+              for_each_lane_vector<T, V, G>(
+                  lane, nvec_d, d, A.v, A.z, v_i, z_i, vi_blk, zi_blk, vj, zj, j, valid,
+                  [&](int u, const Pack<T, V>& vi, const Pack<T, V>& zi,
+                      const Pack<T, V>& vj_v, const Pack<T, V>& zj_v) {
+                    DIGNN_UNROLL
+                    for (int c = 0; c < V; ++c) {
+                      T lhs, rhs;
+                      if constexpr (kMode == kEdgeGradSymmetric) {  // (v_i - v_j).(z_j - z_i)
+                        lhs = vi.v[c] - vj_v.v[c];
+                        rhs = zj_v.v[c] - zi.v[c];
+                      } else if constexpr (kMode == kEdgeGradOut) {  // v_i.(z_j - z_i)
+                        lhs = vi.v[c];
+                        rhs = zj_v.v[c] - zi.v[c];
+                      } else {  // v_j.(z_i - z_j)
+                        lhs = vj_v.v[c];
+                        rhs = zi.v[c] - zj_v.v[c];
+                      }
+                      s_g[u] = simt::madd(lhs, rhs, s_g[u]);
                     }
-                    s_g[u] = simt::madd(lhs, rhs, s_g[u]);
-                  }
-                });
+                  });
+            };
+            if (A.mode == kEdgeGradSymmetric) {
+              add_formed(std::integral_constant<int, kEdgeGradSymmetric>{});
+            } else if (A.mode == kEdgeGradOut) {
+              add_formed(std::integral_constant<int, kEdgeGradOut>{});
+            } else {
+              add_formed(std::integral_constant<int, kEdgeGradIn>{});
+            }
+          }
+          edge_metrics<T, V, G>(grp, A.p, A.q, h, p_i, q_i, pi_blk, qi_blk, pj, qj, j, valid,
+                                s_pi, s_r2);
+          if (kFormed) {
+            DIGNN_UNROLL
+            for (int u = 0; u < U; ++u) s_g[u] = grp.sum(s_g[u]);
+          }
+          // lane eb + u makes the scalars of its edge u (s0_lane: a, s1_lane: the given
+          // dl/dW), the group reads them back
+          const int own = lane - eb;
+          const T g = kFormed ? edge_value_of_lane(s_g, own) : s1_lane;
+          const EdgeGradScalars<T> c =
+              neural_edge_grad_scalars(s0_lane, g, edge_value_of_lane(s_pi, own),
+                                       dignn_sqrt(edge_value_of_lane(s_r2, own)), A.eps);
+          if (own >= 0 && own < U) {
+            cp_mine = c.cp;
+            cq_mine = c.cq;
           }
           DIGNN_UNROLL
           for (int u = 0; u < U; ++u) {
-            s_pi[u] = grp.sum(s_pi[u]);
-            s_r2[u] = grp.sum(s_r2[u]);
-            if (formed) s_g[u] = grp.sum(s_g[u]);
-          }
-          DIGNN_UNROLL
-          for (int u = 0; u < U; ++u) {
-            T new_cp = T(0), new_cq = T(0);
-            if (u < valid) {
-              const T g = formed ? s_g[u] : cq[u];
-              const EdgeGradScalars<T> c =
-                  neural_edge_grad_scalars(cp[u], g, s_pi[u], dignn_sqrt(s_r2[u]), A.eps);
-              new_cp = c.cp;
-              new_cq = c.cq;
-            }
-            cp[u] = new_cp;
-            cq[u] = new_cq;
-            if (lane == eb + u) {
-              cp_mine = new_cp;
-              cq_mine = new_cq;
-            }
+            const T bp = grp.bcast(c.cp, eb + u);
+            const T bq = grp.bcast(c.cq, eb + u);
+            cp[u] = u < valid ? bp : T(0);
+            cq[u] = u < valid ? bq : T(0);
           }
         }
         DIGNN_UNROLL
@@ -189,7 +192,7 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
       }
     });
 
-    if (!heavy) {
+    if (heavy_slot == nullptr) {
       DIGNN_UNROLL
       for (int t = 0; t < kCudaVecsPerLane; ++t) {
         const int64_t vh = cb + lane + t * G;
@@ -209,16 +212,15 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
         }
       }
     } else {
-      T* slot = A.partial + sg.slot * pstride;
       DIGNN_UNROLL
       for (int t = 0; t < kCudaVecsPerLane; ++t) {
         const int64_t vh = cb + lane + t * G;
         if (vh < nvec_h) {
-          store<T, V>(slot + vh * V, gp[t]);
-          store<T, V>(slot + h + vh * V, gq[t]);
+          store<T, V>(heavy_slot + vh * V, gp[t]);
+          store<T, V>(heavy_slot + h + vh * V, gq[t]);
         }
       }
-      if (first && lane == 0) slot[2 * h] = cq_sum;
+      if (first && lane == 0) heavy_slot[2 * h] = cq_sum;
     }
   }
 }
@@ -256,7 +258,9 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T> A) {
 template <typename T>
 int launch_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
-    const auto kernel = &grad_pass_kernel<T, decltype(vec)::value, decltype(group)::value>;
+    constexpr int V = decltype(vec)::value, G = decltype(group)::value;
+    const auto kernel = A.mode != kEdgeGradGiven ? &grad_pass_kernel<T, V, G, true>
+                                                 : &grad_pass_kernel<T, V, G, false>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;

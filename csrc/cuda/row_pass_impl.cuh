@@ -23,47 +23,12 @@ DIGNN_DEV void carry_row(const T* y_i, T* out_i, int64_t nvec, int lane) {
   }
 }
 
-// pi_u = p_i . p_{j_u} and r2_u = ||q_i - q_{j_u}||^2 for the kCudaRowUnroll edges of a
-// batch (only the first `valid` are real), summed over the group: identical in every lane.
-template <typename T, int V, int G>
-DIGNN_DEV void edge_metrics(const Group<G>& grp, const T* p, const T* q, int64_t h, int64_t row,
-                            const int32_t (&j)[kCudaRowUnroll], int valid,
-                            T (&pi)[kCudaRowUnroll], T (&r2)[kCudaRowUnroll]) {
-  DIGNN_UNROLL
-  for (int u = 0; u < kCudaRowUnroll; ++u) pi[u] = r2[u] = T(0);
-  const int64_t nvec_h = h / V;
-  const T* p_i = p + row * h;
-  const T* q_i = q + row * h;
-  for (int64_t vh = grp.lane; vh < nvec_h; vh += G) {
-    const Pack<T, V> pv = load_ro<T, V>(p_i + vh * V);
-    const Pack<T, V> qv = load_ro<T, V>(q_i + vh * V);
-    Pack<T, V> pj[kCudaRowUnroll], qj[kCudaRowUnroll];
-    DIGNN_UNROLL
-    for (int u = 0; u < kCudaRowUnroll; ++u) {
-      if (u < valid) {
-        pj[u] = load_ro<T, V>(p + static_cast<int64_t>(j[u]) * h + vh * V);
-        qj[u] = load_ro<T, V>(q + static_cast<int64_t>(j[u]) * h + vh * V);
-      } else {
-        pj[u] = qj[u] = zero_pack<T, V>();
-      }
-    }
-    DIGNN_UNROLL
-    for (int u = 0; u < kCudaRowUnroll; ++u) {
-      add_edge_metrics<T, V>(pv, pj[u], qv, qj[u], pi[u], r2[u]);
-    }
-  }
-  DIGNN_UNROLL
-  for (int u = 0; u < kCudaRowUnroll; ++u) {
-    pi[u] = grp.sum(pi[u]);
-    r2[u] = grp.sum(r2[u]);
-  }
-}
-
 // One segment (a whole row, or a part of a heavy row) per group of G lanes.
 template <typename T, int V, int G, bool kNeural>
 DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
+  static_assert(G % kCudaRowUnroll == 0, "a batch of edges lies within the group's G edges");
   const Group<G> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / G;
@@ -98,6 +63,13 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
         Pack<T, V> acc[kCudaVecsPerLane];
         DIGNN_UNROLL
         for (int t = 0; t < kCudaVecsPerLane; ++t) acc[t] = zero_pack<T, V>();
+        // Making weights: row i's vectors of p and q in channel block 0, held over the edges.
+        const int64_t nvec_h = A.h / V;
+        const T* p_i = A.p + i * A.h;
+        const T* q_i = A.q + i * A.h;
+        Pack<T, V> pi_blk[kCudaVecsPerLane], qi_blk[kCudaVecsPerLane];
+        load_lane_block<T, V, G>(p_i, nvec_h, 0, lane, make_w, pi_blk);
+        load_lane_block<T, V, G>(q_i, nvec_h, 0, lane, make_w, qi_blk);
 
         // The group takes G edges at a time: lane l holds edge kb + l (its column, and a when
         // making weights, else w), loaded one batch ahead.
@@ -126,33 +98,36 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
             int32_t j[kCudaRowUnroll];
             T wt[kCudaRowUnroll];
             DIGNN_UNROLL
-            for (int u = 0; u < kCudaRowUnroll; ++u) {
-              j[u] = grp.bcast(j_lane, eb + u);
-              wt[u] = grp.bcast(val_lane, eb + u);
+            for (int u = 0; u < kCudaRowUnroll; ++u) j[u] = grp.bcast(j_lane, eb + u);
+            if (!make_w) {
+              DIGNN_UNROLL
+              for (int u = 0; u < kCudaRowUnroll; ++u) wt[u] = grp.bcast(val_lane, eb + u);
             }
+            // Every neighbour-row load of the batch before any math: y_j over this lane's
+            // vectors of block cb and, making weights, p_j and q_j over those of block 0.
+            Pack<T, V> yv[kCudaRowUnroll][kCudaVecsPerLane];
+            load_batch_block<T, V, G>(A.y, d, nvec, cb, lane, j, valid, yv);
             if (make_w) {  // eq. 13-14, and kappa_i = sum_k W_k in edge order
+              Pack<T, V> pj[kCudaRowUnroll][kCudaVecsPerLane], qj[kCudaRowUnroll][kCudaVecsPerLane];
+              load_batch_block<T, V, G>(A.p, A.h, nvec_h, 0, lane, j, valid, pj);
+              load_batch_block<T, V, G>(A.q, A.h, nvec_h, 0, lane, j, valid, qj);
               T pi[kCudaRowUnroll], r2[kCudaRowUnroll];
-              edge_metrics<T, V, G>(grp, A.p, A.q, A.h, i, j, valid, pi, r2);
+              edge_metrics<T, V, G>(grp, A.p, A.q, A.h, p_i, q_i, pi_blk, qi_blk, pj, qj, j,
+                                    valid, pi, r2);
+              // lane eb + u makes the weight of its edge u, the group reads them back
+              const int own = lane - eb;
+              const T w_own =
+                  neural_edge_weight(val_lane, edge_value_of_lane(pi, own),
+                                     dignn_sqrt(edge_value_of_lane(r2, own)), A.eps);
+              if (own >= 0 && own < kCudaRowUnroll) w_mine = w_own;
               DIGNN_UNROLL
               for (int u = 0; u < kCudaRowUnroll; ++u) {
-                wt[u] = u < valid ? neural_edge_weight(wt[u], pi[u], dignn_sqrt(r2[u]), A.eps)
-                                  : T(0);
+                const T w = grp.bcast(w_own, eb + u);
+                wt[u] = u < valid ? w : T(0);
                 kappa += wt[u];
-                if (lane == eb + u) w_mine = wt[u];
               }
             }
             if (nvec > 0) {  // acc += w_k y_j over this lane's channel vectors
-              Pack<T, V> yv[kCudaRowUnroll][kCudaVecsPerLane];
-              DIGNN_UNROLL
-              for (int u = 0; u < kCudaRowUnroll; ++u) {
-                const T* y_j = A.y + static_cast<int64_t>(j[u]) * d;
-                DIGNN_UNROLL
-                for (int t = 0; t < kCudaVecsPerLane; ++t) {
-                  const int64_t vi = cb + lane + t * G;
-                  yv[u][t] = (u < valid && vi < nvec) ? load_ro<T, V>(y_j + vi * V)
-                                                      : zero_pack<T, V>();
-                }
-              }
               DIGNN_UNROLL
               for (int u = 0; u < kCudaRowUnroll; ++u) {
                 DIGNN_UNROLL
