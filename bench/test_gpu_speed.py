@@ -27,7 +27,11 @@ model below, and the peak GPU memory of one step (torch.cuda.max_memory_allocate
 test_cached_iteration measures the device's device-to-device copy bandwidth, the cached-
 weight iteration alone and the gather floor on the same graph and features (a kernel that only
 gathers the neighbour rows, bench/gather_floor.py; goal: the iteration within 1.3x of it);
-test_summary states every goal and by how much it is met
+test_kernel_times profiles the training step above (cornell5 and the Penn94-shaped graph, cuda
+and triton backends) with torch.profiler and sums the device time and the launches per kernel
+role (bench/kernel_times.py: cached row pass, neural row pass, gradient pass, heavy-row combine,
+step bookkeeping, dense aten work, other); the goal: the CUDA backend at least as fast as the
+Triton one on the three passes. test_summary states every goal and by how much it is met
 or missed, prints it and writes it to $DIGNN_BENCH_SUMMARY (if set).
 
 Byte model (float32 values, int32 columns, int64 row pointers; n nodes, m CSR entries,
@@ -55,6 +59,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import reference, synthetic
 from conftest import load_facebook100
+from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -65,6 +70,7 @@ GRAPHS = ("cornell5", "penn94_like", "penn94_heavy", "uniform")
 GOAL_GRAPHS = ("cornell5", "penn94_like")
 ROUNDS = {"cuda": 20, "triton": 20, "torch": 5, "reference": 2}
 SKEW_LIMIT = 1.5  # a power-law graph may cost at most this much more than a uniform one
+PROFILED_STEPS = 5  # steps under the profiler per backend; times are per step
 
 # ogbn-products' size: the 16-bit storage comparison (test_storage_dtype_step)
 PRODUCTS_NODES, PRODUCTS_EDGES = synthetic.PRODUCTS_NODES, synthetic.PRODUCTS_EDGES
@@ -74,6 +80,7 @@ STORAGE_GOAL = 1.5  # the bfloat16-storage step at least this much faster than f
 RESULTS = {}  # (graph, variant) -> dict of measurements
 STORAGE = {}  # storage variant -> measurements on the products-sized graph
 CACHED = {}  # graph -> cached-iteration measurements
+KERNEL_TIMES = {}  # (graph, backend) -> kernel_times.profile_step's roles
 _GRAPHS = {}
 
 
@@ -334,6 +341,37 @@ def test_storage_dtype_step(benchmark, storage):
     STORAGE[storage] = info
 
 
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
+def test_kernel_times(benchmark, graph_name, backend):
+    """Device time and launches per kernel role of the training step of test_training_step,
+    from torch.profiler (bench/kernel_times.py), per step; the goal: CUDA at least as fast as
+    Triton on every kernel (test_summary compares the roles)."""
+    if backend not in dk.available_backends(device()):
+        pytest.skip(f"backend {backend!r} not available")
+    ei, n, _ = load_graph(graph_name)
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+    layer = make_layer()
+    step = make_step(backend, ei, x, layer)
+    roles = profile_step(step, PROFILED_STEPS)
+    assert layer.backend_used == backend
+    for role in GOAL_ROLES:  # the names of the backend's passes are known to kernel_role
+        assert roles[role]["launches"] > 0, f"no {role} kernel of {backend} recognised"
+
+    def timed():
+        step()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(timed, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        roles=roles, busy_us_per_step=sum(r["us"] for r in roles.values()),
+        launches_per_step=sum(r["launches"] for r in roles.values()),
+        profiled_steps=PROFILED_STEPS, device=torch.cuda.get_device_name(),
+        torch=torch.__version__)
+    KERNEL_TIMES[(graph_name, backend)] = roles
+
+
 def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
     ok = value >= target if higher_is_better else value <= target
     if higher_is_better:
@@ -344,6 +382,37 @@ def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
         verdict = f"met ({by:.2f}x inside)" if ok else f"MISSED ({value / target:.2f}x over)"
     return ok, f"{goal}: {value:.2f}{unit} (goal {'>=' if higher_is_better else '<='} " \
                f"{target}{unit}) {verdict}"
+
+
+def _kernel_time_lines(graph_name):
+    """The per-role table of test_kernel_times on one graph (cuda against triton, per step),
+    and the goal checks: cuda <= triton on each pass of GOAL_ROLES."""
+    cuda = KERNEL_TIMES[(graph_name, "cuda")]
+    triton = KERNEL_TIMES.get((graph_name, "triton"))
+
+    def us_and_launches(roles):
+        """(us, launches) per role of ROLES, then their totals; None without the backend."""
+        if roles is None:
+            return [(None, None)] * (len(ROLES) + 1)
+        pairs = [(roles[role]["us"], roles[role]["launches"]) for role in ROLES]
+        return pairs + [tuple(map(sum, zip(*pairs)))]
+
+    def cell(value):
+        return "-" if value is None else f"{value:.0f}"
+
+    lines = [f"kernel time per step on {graph_name} (torch.profiler, device us; launches):",
+             f"  {'role':<22}{'cuda us':>10}{'triton us':>11}{'cuda/triton':>13}"
+             f"{'cuda launches':>15}{'triton launches':>17}"]
+    for name, (cuda_us, cuda_n), (triton_us, triton_n) in zip(
+            ROLES + ("total kernel-busy",), us_and_launches(cuda), us_and_launches(triton)):
+        ratio = f"{cuda_us / triton_us:.2f}" if triton_us else "-"
+        lines.append(f"  {name:<22}{cell(cuda_us):>10}{cell(triton_us):>11}{ratio:>13}"
+                     f"{cell(cuda_n):>15}{cell(triton_n):>17}")
+    checks = [_ratio_line(f"{graph_name} {role}, cuda / triton device time per step "
+                          f"(cuda <= triton)", cuda[role]["us"] / triton[role]["us"], 1.0,
+                          higher_is_better=False)
+              for role in GOAL_ROLES if triton and triton[role]["us"] > 0]
+    return lines, checks
 
 
 def test_summary():
@@ -400,6 +469,11 @@ def test_summary():
                      f"cg sweep {c['cg_sweep_ms'] * 1e3:.0f} us")
         checks.append(_ratio_line(f"{g} {b} cg sweep over fixed-point sweep",
                                   c["cg_over_fixed_point"], 1.3, higher_is_better=False))
+    for g in GOAL_GRAPHS:
+        if (g, "cuda") in KERNEL_TIMES:
+            table, kernel_checks = _kernel_time_lines(g)
+            lines += table
+            checks += kernel_checks
     if all(v in STORAGE for v in STORAGE_VARIANTS):
         wide, narrow = STORAGE["float32"], STORAGE["bfloat16"]
         lines.append(f"products-sized graph, triton: float32 {wide['ms_per_step']:.1f} ms "
