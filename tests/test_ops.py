@@ -186,6 +186,49 @@ def test_float32_edge_math_is_accurate():
     assert rel_err(gp32, gp64) < 1e-6 and rel_err(gq32, gq64) < 1e-6
 
 
+def test_float32_vectorized_tanh_at_small_distances():
+    """Rows of 16+ edges take the float32 passes' vectorized tanh (rows shorter than a vector
+    take the scalar path, so the test above does not reach it). Each star's centre has 24
+    edges all at one distance rho (h = 1: q_j = q_i - rho, pi = 1) and dl/dW = 1 (d = 1), so its
+    dl/dq_i = 24 cq rho is one edge scalar times 24: the float32 value must be the float64 one
+    to rounding, also where s = 1/(rho + eps) makes 1 - tanh(s)^2 tiny or zero (it once
+    bottomed out at 4 e^-40 for s > 20, rho < 0.05: 10^70 times too large at rho = 0.01)."""
+    rhos = torch.tensor([1e-6, 1e-5, 1e-4, 1e-3, 5e-3, 0.01, 0.02, 0.04, 0.06, 0.1, 0.3, 1.0,
+                         3.0, 10.0], dtype=torch.float64)
+    leaves = 24
+    stars = len(rhos)
+    n = stars * (leaves + 1)
+    centre = torch.arange(stars) * (leaves + 1)
+    hub = centre.repeat_interleave(leaves)
+    leaf = hub + torch.arange(1, leaves + 1).repeat(stars)
+    g = dk.build_graph(torch.stack([leaf, hub]), n)  # messages leaf -> centre: CSR row centre
+    q = torch.zeros(n, 1, dtype=torch.float64)
+    q[centre, 0] = rhos
+    p = torch.ones(n, 1, dtype=torch.float64)
+    z = torch.zeros(n, 1, dtype=torch.float64)
+    z[leaf, 0] = 1.0  # z_j - z_i = 1 on every edge
+    v = torch.zeros(n, 1, dtype=torch.float64)
+    v[centre, 0] = 1.0  # dl/dW = v_i . (z_j - z_i) = 1
+    a = torch.ones(g.num_edges, dtype=torch.float64)
+    t = g.transposed()
+    out = {}
+    for dt in (torch.float32, torch.float64):
+        args = [x.to(dt) for x in (a, p, q, z, v)]
+        w, _ = ops.neural_edge_weights(g.rowptr, g.col, args[0], args[1], args[2], 1e-6)
+        gp, gq = ops.neural_weight_grad(g.rowptr, g.col, *args, 1e-6, *t)
+        out[dt] = (w.double(), gq[centre, 0].double())
+    (w32, gq32), (w64, gq64) = out[torch.float32], out[torch.float64]
+    assert float(((w32 - w64).abs() / w64.abs()).max()) < 6e-7
+    # 1 - tanh(s)^2 ~ 4 exp(-2 s): a float32 s (relative error 2^-24) moves it by 2 s 2^-24
+    # relative, so the bound is a few ulp times (2 s + a few); below float32's normal range
+    # both are (about) zero
+    s = 1.0 / (rhos + 1e-6)
+    err = (gq32 - gq64).abs()
+    ok = (err <= 2.0 ** -24 * (4 * s + 16) * gq64.abs()) | \
+        ((gq64.abs() < 1e-37) & (gq32.abs() < 1e-37))
+    assert bool(ok.all()), list(zip(rhos.tolist(), gq32.tolist(), gq64.tolist()))
+
+
 ISA_SCRIPT = r"""
 import torch, dignn_kernels as dk
 from dignn_kernels import ops

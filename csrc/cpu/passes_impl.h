@@ -49,9 +49,11 @@ typedef int32_t IVec __attribute__((vector_size(DIGNN_VEC_BYTES)));
 constexpr int kFloatLanes = DIGNN_VEC_BYTES / sizeof(float);
 
 // tanh(|x|) = a + a^3 P(a^2) (odd Taylor series) for a = |x| < 0.625, where the next term
-// is below half an ulp; 1 - 2 / (exp(2a) + 1) beyond, with exp by Cody-Waite reduction and a
-// degree-7 polynomial on |r| <= ln2/2. Also s2 = 1 - tanh^2 to full relative precision
-// (4 e / (e + 1)^2 on the exp branch). Returns tanh(|x|); the caller restores the sign.
+// is below half an ulp; beyond, laplacian_math.h's tanh_sech2 form: with e = exp(-2a),
+// tanh = (1 - e) / (1 + e) and s2 = 1 - tanh^2 = 4 e / (1 + e)^2, both to full relative
+// precision (s2 down to float's smallest normal numbers; 0 once 2a > 87, where e is below
+// them). exp by Cody-Waite reduction, 2a = k ln2 + r with |r| <= ln2/2, e = 2^-k exp(-r), and
+// a degree-7 polynomial. Returns tanh(|x|); the caller restores the sign.
 inline FVec tanh_abs_vec(FVec x, FVec* sech2) {
   const FVec a = (FVec)((IVec)x & 0x7fffffff);
   const FVec a2 = a * a;
@@ -65,10 +67,11 @@ inline FVec tanh_abs_vec(FVec x, FVec* sech2) {
   poly = poly * a2 - 1.0f / 3.0f;
   const FVec small = a + a * a2 * poly;
   FVec y = a + a;
-  y = y < 40.0f ? y : FVec{} + 40.0f;  // tanh(20) is 1 in float
+  const auto underflows = y > 87.0f;  // 2^-k stays a normal float for k <= 126
+  y = underflows ? FVec{} + 87.0f : y;
   const IVec k = __builtin_convertvector(y * 1.44269504088896341f + 0.5f, IVec);
   const FVec kf = __builtin_convertvector(k, FVec);
-  const FVec r = (y - kf * 0.693145751953125f) - kf * 1.42860682030941723212e-6f;
+  const FVec r = (kf * 0.693145751953125f - y) + kf * 1.42860682030941723212e-6f;  // -r above
   FVec e = FVec{} + 1.0f / 5040.0f;
   e = e * r + 1.0f / 720.0f;
   e = e * r + 1.0f / 120.0f;
@@ -77,9 +80,10 @@ inline FVec tanh_abs_vec(FVec x, FVec* sech2) {
   e = e * r + 0.5f;
   e = e * r + 1.0f;
   e = e * r + 1.0f;
-  e = e * (FVec)((k + 127) << 23);  // * 2^k
-  const FVec inv = 1.0f / (e + 1.0f);
-  const FVec large = 1.0f - 2.0f * inv;
+  e = e * (FVec)((127 - k) << 23);  // * 2^-k
+  e = underflows ? FVec{} : e;
+  const FVec inv = 1.0f / (1.0f + e);
+  const FVec large = (1.0f - e) * inv;
   const auto use_small = a < 0.625f;
   if (sech2 != nullptr) *sech2 = use_small ? 1.0f - small * small : 4.0f * e * inv * inv;
   return use_small ? small : large;
