@@ -67,7 +67,8 @@ _PROJECT_KERNELS = {
     "row_sums_kernel": "other",
 }
 _ROW_PASS = "row_pass_kernel"
-_NEURAL_ARG = 3  # row_pass_kernel<T, V, G, kNeural>
+# row_pass_kernel<T, V, G, kNeural> with kNeural true (plain template arguments, no nesting)
+_NEURAL_ROW_PASS = re.compile(r"row_pass_kernel<[^<>]*,\s*true\s*>")
 # cuBLAS, cuBLASLt and CUTLASS kernels (the GEMMs behind aten::mm / aten::addmm); their names
 # carry no namespace of torch
 _BLAS_KERNEL = re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|splitKreduce", re.IGNORECASE)
@@ -84,33 +85,12 @@ def _qualified_name(name: str):
     return head[-1].split("::") if head else [""]
 
 
-def _template_args(name: str, kernel: str):
-    """The top-level template arguments of ``kernel<...>`` in ``name`` (empty if it has
-    none, or the name was cut off before them)."""
-    start = name.find(kernel + "<")
-    if start < 0:
-        return []
-    args, current, depth = [], "", 0
-    for ch in name[start + len(kernel) + 1:]:
-        if ch == ">" and depth == 0:
-            return args + [current.strip()]
-        if ch == "," and depth == 0:
-            args.append(current.strip())
-            current = ""
-            continue
-        depth += {"<": 1, ">": -1}.get(ch, 0)
-        current += ch
-    return []
-
-
 def kernel_role(name: str) -> str:
     """The role (one of :data:`ROLES`) of a kernel or operator as torch.profiler names it."""
     parts = _qualified_name(name)
     kernel = parts[-1]
     if kernel == _ROW_PASS:
-        args = _template_args(name, _ROW_PASS)
-        neural = len(args) > _NEURAL_ARG and args[_NEURAL_ARG] == "true"
-        return "neural row pass" if neural else "cached row pass"
+        return "neural row pass" if _NEURAL_ROW_PASS.search(name) else "cached row pass"
     if kernel in _PROJECT_KERNELS:
         return _PROJECT_KERNELS[kernel]
     if _BLAS_KERNEL.search(name) or parts[0] in _TORCH_NAMESPACES:

@@ -115,6 +115,27 @@ def wide_range_projections(n: int):
     return torch.ones(n), p, q
 
 
+def run_per_instruction_set(script: str, cwd) -> dict:
+    """Runs the Python ``script`` once per instruction-set build of the CPU passes this CPU
+    has (generic, and on x86-64 avx2 and avx512), each in its own process with DIGNN_CPU_ISA
+    set (the build is chosen once per process). Returns {isa: CompletedProcess}; the builds
+    this CPU lacks are left out."""
+    import platform
+    import subprocess
+    import sys
+    isas = ("generic", "avx2", "avx512") if platform.machine() in ("x86_64", "AMD64") \
+        else ("generic",)
+    ran = {}
+    for isa in isas:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              cwd=cwd, env=dict(os.environ, DIGNN_CPU_ISA=isa,
+                                                OMP_NUM_THREADS="1"))
+        if proc.returncode != 0 and "is not one of" in proc.stderr:
+            continue  # this CPU lacks the instruction set
+        ran[isa] = proc
+    return ran
+
+
 def rel_err(a, b):
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))

@@ -1,15 +1,11 @@
 """The torch.ops.dignn operators: opcheck, each pass against plain PyTorch, ISA variants."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
-from conftest import make_graph, rel_err, wide_range_projections
+from conftest import make_graph, rel_err, run_per_instruction_set, wide_range_projections
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
        "neural_weight_grad", "implicit_diffusion", "implicit_diffusion_backward"]
@@ -230,6 +226,7 @@ def test_float32_vectorized_tanh_at_small_distances():
 
 
 ISA_SCRIPT = r"""
+import os
 import torch, dignn_kernels as dk
 from dignn_kernels import ops
 torch.manual_seed(0)
@@ -247,7 +244,7 @@ for dt in (torch.float32, torch.float64):
                                                          2.2, 1e-6, 2, 0.0, None, None, None)
         gp, gq = ops.neural_weight_grad(g.rowptr, g.col, a, p, q, z, v)
         out[(str(dt), d)] = [zn, w, k, gp, gq]
-torch.save(out, "PATH")
+torch.save(out, os.environ["DIGNN_CPU_ISA"] + ".pt")
 """
 
 
@@ -259,15 +256,9 @@ def test_instruction_set_variants_agree(tmp_path):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("only x86-64 builds more than one instruction-set variant")
     results = {}
-    for isa in ("generic", "avx2", "avx512"):
-        path = tmp_path / f"{isa}.pt"
-        env = dict(os.environ, DIGNN_CPU_ISA=isa)
-        proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT.replace("PATH", str(path))], env=env,
-                              capture_output=True, text=True, cwd=tmp_path)
-        if proc.returncode != 0 and "is not one of" in proc.stderr:
-            continue  # this CPU lacks the instruction set
+    for isa, proc in run_per_instruction_set(ISA_SCRIPT, tmp_path).items():
         assert proc.returncode == 0, proc.stderr
-        results[isa] = torch.load(path)
+        results[isa] = torch.load(tmp_path / f"{isa}.pt")
     assert "generic" in results and len(results) >= 2
     base = results.pop("generic")
     for isa, res in results.items():

@@ -156,12 +156,11 @@ inline void edge_grad_batch(const float* a, const float* g, const float* pi, con
 typedef uint16_t HalfWords __attribute__((vector_size(DIGNN_VEC_BYTES / 2)));
 typedef uint32_t Words __attribute__((vector_size(DIGNN_VEC_BYTES)));
 
-// The bfloat16 bits of float bits b (a scalar or a vector of uint32), rounded to nearest even;
-// NaN becomes the quiet NaN 0x7fc0 (c10::BFloat16's rounding, bit for bit).
-template <typename U>
-inline U bfloat16_bits(U b) {
-  const U rounded = (b + (0x7fffu + ((b >> 16) & 1u))) >> 16;
-  return (b & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
+// The bfloat16 bits of a vector of float bits b, rounded to nearest even; NaN becomes the quiet
+// NaN 0x7fc0: c10::BFloat16's rounding (which single values use), bit for bit.
+inline Words bfloat16_bits(Words b) {
+  const Words rounded = (b + (0x7fffu + ((b >> 16) & 1u))) >> 16;
+  return (b & 0x7fffffffu) > 0x7f800000u ? Words{} + 0x7fc0u : rounded;
 }
 
 // Widening loads of one vector of 16-bit values with the instruction set's conversions (the
@@ -233,20 +232,8 @@ struct Stored<c10::BFloat16> {
     const HalfWords h = __builtin_convertvector(bfloat16_bits((Words)v), HalfWords);
     __builtin_memcpy(p, &h, sizeof(h));
   }
-  static inline float load_one(const S* p) {
-    uint16_t h;
-    __builtin_memcpy(&h, p, 2);
-    const uint32_t b = static_cast<uint32_t>(h) << 16;
-    float f;
-    __builtin_memcpy(&f, &b, 4);
-    return f;
-  }
-  static inline void store_one(S* p, float v) {
-    uint32_t b;
-    __builtin_memcpy(&b, &v, 4);
-    const uint16_t h = static_cast<uint16_t>(bfloat16_bits(b));
-    __builtin_memcpy(p, &h, 2);
-  }
+  static inline float load_one(const S* p) { return static_cast<float>(*p); }
+  static inline void store_one(S* p, float v) { *p = c10::BFloat16(v); }
 };
 
 // float16: the F16C / AVX-512 conversions (round to nearest even), c10::Half elsewhere and
