@@ -16,9 +16,9 @@ backward of FusedImplicitDiffusion, float32, side by side in one run:
   two goal graphs (cornell5, Penn94-shaped) only.
 
 test_storage_dtype_step times the same step on a random graph of ogbn-products' size (2,449,029
-nodes, 123,718,280 CSR entries, ids in random order) on the Triton backend, float32 against
-``storage_dtype=torch.bfloat16`` (16-bit iterates and adjoints, float32 sums) side by side;
-the goal is a 1.5x faster step.
+nodes, 123,718,280 CSR entries, ids in random order) on the CUDA and the Triton backends,
+float32 against ``storage_dtype=torch.bfloat16`` (16-bit iterates and adjoints, float32 sums)
+side by side; the goal is a 1.5x faster step.
 
 Per run: ms per step (median wall time of the rounds, each ending in torch.cuda.synchronize),
 edge sweeps per second (20 iterations x m CSR entries per step), achieved GB/s under the byte
@@ -78,7 +78,7 @@ STORAGE_VARIANTS = ("float32", "bfloat16")
 STORAGE_GOAL = 1.5  # the bfloat16-storage step at least this much faster than float32
 
 RESULTS = {}  # (graph, variant) -> dict of measurements
-STORAGE = {}  # storage variant -> measurements on the products-sized graph
+STORAGE = {}  # (backend, storage variant) -> measurements on the products-sized graph
 CACHED = {}  # graph -> cached-iteration measurements
 KERNEL_TIMES = {}  # (graph, backend) -> kernel_times.profile_step's roles
 _GRAPHS = {}
@@ -311,23 +311,24 @@ def products_sized_graph():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("storage", STORAGE_VARIANTS)
-def test_storage_dtype_step(benchmark, storage):
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_storage_dtype_step(benchmark, backend, storage):
     """One training step (forward + backward, h = d = 64, 10 + 10 iterations) on the
-    products-sized graph, Triton backend, float32 storage against bfloat16 storage."""
-    if "triton" not in dk.available_backends(device()):
-        pytest.skip("the Triton backend is not available in this build")
+    products-sized graph, float32 storage against bfloat16 storage."""
+    if backend not in dk.available_backends(device()):
+        pytest.skip(f"backend {backend!r} is not available in this build")
     ei, n = products_sized_graph()
     torch.manual_seed(1)
     x = torch.randn(n, CHANNELS, device=device())
     torch.manual_seed(0)
     storage_dtype = None if storage == "float32" else getattr(torch, storage)
     layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
-                                      backend="triton", storage_dtype=storage_dtype
+                                      backend=backend, storage_dtype=storage_dtype
                                       ).to(device())
-    step = make_step("triton", ei, x, layer)
+    step = make_step(backend, ei, x, layer)
     step()  # warm-up: graph preprocessing (cached), JIT compilation, allocator
     growth, peak = peak_memory(step)
-    assert layer.backend_used == "triton"
+    assert layer.backend_used == backend
 
     def timed():
         step()
@@ -336,9 +337,10 @@ def test_storage_dtype_step(benchmark, storage):
     benchmark.pedantic(timed, rounds=5, iterations=1)
     info = dict(ms_per_step=benchmark.stats.stats.median * 1e3, peak_growth_mb=growth / 2**20,
                 peak_mb=peak / 2**20, nodes=n, csr_entries=dk.cached_graph(ei, n).num_edges,
-                storage=storage, device=torch.cuda.get_device_name(), torch=torch.__version__)
+                storage=storage, backend=backend, device=torch.cuda.get_device_name(),
+                torch=torch.__version__)
     benchmark.extra_info.update(info)
-    STORAGE[storage] = info
+    STORAGE[(backend, storage)] = info
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
@@ -474,12 +476,14 @@ def test_summary():
             table, kernel_checks = _kernel_time_lines(g)
             lines += table
             checks += kernel_checks
-    if all(v in STORAGE for v in STORAGE_VARIANTS):
-        wide, narrow = STORAGE["float32"], STORAGE["bfloat16"]
-        lines.append(f"products-sized graph, triton: float32 {wide['ms_per_step']:.1f} ms "
+    for b in ("cuda", "triton"):
+        if not all((b, v) in STORAGE for v in STORAGE_VARIANTS):
+            continue
+        wide, narrow = STORAGE[(b, "float32")], STORAGE[(b, "bfloat16")]
+        lines.append(f"products-sized graph, {b}: float32 {wide['ms_per_step']:.1f} ms "
                      f"(peak {wide['peak_mb']:.0f} MB), bfloat16 storage "
                      f"{narrow['ms_per_step']:.1f} ms (peak {narrow['peak_mb']:.0f} MB)")
-        checks.append(_ratio_line("products-sized step, bfloat16 storage speed-up over "
+        checks.append(_ratio_line(f"products-sized step, {b}, bfloat16 storage speed-up over "
                                   "float32", wide["ms_per_step"] / narrow["ms_per_step"],
                                   STORAGE_GOAL))
     lines.append("")

@@ -137,3 +137,74 @@ def graph_case(kind, n=24, d=5, h=4, dtype=torch.float64, seed=0, col_dtype=torc
     x, ei, w = make_graph(kind, n=n, d=d, seed=seed, dtype=dtype)
     return OpInputs(ei, x.size(0), d, h, dtype, seed, edge_weight=w,
                     zero_chi_rows=kind == "zero_rows", col_dtype=col_dtype)
+
+
+# ------------------------------------------------------------------ 16-bit storage --
+# float32 values that 16-bit rounding has to get right: NaN, infinities, float16 overflow, ties,
+# subnormals (mixed into b of the row pass, where they reach the output).
+SPECIAL_VALUES = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.4e38, 65504.0,
+                               65520.0, 70000.0, 1.00390625, 1.01171875, 6e-8, 3e-8, -1.5e-5,
+                               1e-40, 2.9e-39])
+
+
+def same_bits(x, y):
+    """x and y (16-bit) equal bit for bit, any NaN equal to any NaN (the payload a device's
+    conversion gives NaN differs from the CPU's)."""
+    return bool(((x.view(torch.int16) == y.view(torch.int16)) | (x.isnan() & y.isnan())).all())
+
+
+def check_storage16(run, inputs, storage_dtype, grad_tol=0.0, context=""):
+    """The 16-bit passes (csrc/ops/storage.h) of a GPU implementation (``run``) on float32
+    ``inputs``:
+
+    - against its own float32 passes on the widened inputs: the kernels widen every load
+      exactly and sum in the same order, so the row pass's 16-bit output equals bit for bit its
+      float32 output rounded by torch (special values in b included), with float64 compute too;
+      the weights are equal and the gradients equal (``grad_tol`` 0), or within ``grad_tol``
+      relative where a compiler may contract products into FMAs differently per instantiation;
+    - against the CPU kernels' 16-bit passes: the row pass within one 16-bit ulp (the float32
+      sums differ in order), the gradients to 1e-5.
+    """
+    s = inputs
+    sd = storage_dtype
+    assert s.x.dtype == torch.float32
+    gen = torch.Generator().manual_seed(7)
+    rp, cl = s.rowptr, s.col
+    y, z, v, p, q = (t.to(sd) for t in (s.z, s.z.flip(0), s.v, s.p, s.q))
+    pick = torch.randint(0, len(SPECIAL_VALUES), s.x.shape, generator=gen)
+    b = torch.where(torch.rand(s.x.shape, generator=gen) < 0.3, SPECIAL_VALUES[pick], s.x)
+
+    def row(w, y_, b_, cy, rs):
+        return run("csr_fma", rp, cl, w, y_, b_, cy, rs)[0]
+
+    for w in (s.w, torch.zeros_like(s.w)):  # zero weights: out = b + cy.y, special values kept
+        out = row(w, y, b, s.cy, s.rs)
+        assert out.dtype == sd and same_bits(out, row(w, y.float(), b, s.cy, s.rs).to(sd)), \
+            context
+    b16 = s.x.to(sd)  # b in 16 bits: widened before the pass
+    assert same_bits(row(s.w, y, b16, s.cy, s.rs), row(s.w, y.float(), b16.float(), s.cy,
+                                                        s.rs).to(sd)), context
+    d64 = [t.double() for t in (s.w, s.x, s.cy, s.rs)]  # float64 compute: rounded once
+    out64 = row(d64[0], y, *d64[1:])
+    assert out64.dtype == sd and same_bits(out64, row(d64[0], y.double(), *d64[1:]).to(sd)), \
+        context
+    out_cpu = cpu_run("csr_fma", rp, cl, s.w, y, s.x, s.cy, s.rs)[0]
+    out = row(s.w, y, s.x, s.cy, s.rs)
+    ulp = torch.finfo(sd).eps * out_cpu.float().abs().clamp_min(1e-3)
+    assert bool(((out.float() - out_cpu.float()).abs() <= ulp).all()), context
+
+    def close(got, want, tol):
+        return all(a.dtype == torch.float32 and
+                   (torch.equal(a, b_) if tol == 0 else rel_err(a, b_) <= tol)
+                   for a, b_ in zip(got, want))
+
+    weights = run("neural_edge_weights", rp, cl, s.a, p, q, s.eps)
+    assert close(weights, run("neural_edge_weights", rp, cl, s.a, p.float(), q.float(), s.eps),
+                 0.0), context
+    for t in (s.t_opt, s.t):  # as the graph needs it, and with the transposed CSR
+        args16 = (rp, cl, s.a, p, q, z, v, s.eps, *t)
+        got = run("neural_weight_grad", *args16)
+        wide = run("neural_weight_grad", rp, cl, s.a, p.float(), q.float(), z.float(),
+                   v.float(), s.eps, *t)
+        assert close(got, wide, grad_tol), context
+        assert close(got, cpu_run("neural_weight_grad", *args16), 1e-5), context

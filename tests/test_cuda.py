@@ -14,7 +14,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import ops, reference, synthetic
 from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
-from gpu_op_cases import OpInputs, check_against_cpu, graph_case
+from gpu_op_cases import OpInputs, check_against_cpu, check_storage16, graph_case
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -77,6 +77,18 @@ def test_heavy_rows(kind, dtype):
     transposed, both)."""
     check_against_cpu(cuda_run, graph_case(kind, n=600, d=8, h=8, dtype=dtype), max_iter=5,
                       context=kind)
+
+
+@pytest.mark.parametrize("storage_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind,n,d,h", [("symmetric", 40, 8, 4), ("directed", 40, 6, 3),
+                                        ("hub", 600, 64, 64), ("hub_out", 600, 300, 8)])
+def test_16bit_storage(kind, n, d, h, storage_dtype):
+    """The 16-bit passes against the same kernels' float32 passes on the widened inputs (the row
+    pass bit for bit, rounded on the device as torch rounds on the CPU) and against the CPU
+    kernels' 16-bit passes (gpu_op_cases.check_storage16; nvcc may contract the gradient
+    pass's products differently per instantiation: 1e-6 there)."""
+    check_storage16(cuda_run, graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
+                    storage_dtype, grad_tol=1e-6, context=f"{kind} d={d}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

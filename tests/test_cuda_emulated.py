@@ -20,8 +20,8 @@ from dignn_kernels import checks, ops
 from dignn_kernels.backends import FusedSolve, get_backend
 from backend_faces import face
 from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
-from conftest import GRAPH_KINDS, rel_err
-from gpu_op_cases import check_against_cpu, graph_case
+from conftest import GRAPH_KINDS, make_graph, make_layer, rel_err, thetas
+from gpu_op_cases import check_against_cpu, check_storage16, graph_case
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -162,25 +162,65 @@ def test_argument_errors(emu):
         emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)
 
 
-@pytest.mark.parametrize("storage_dtype", [torch.bfloat16, torch.float16])
-def test_16bit_iterates_refused(emu, storage_dtype):
-    """The CUDA kernels have no 16-bit storage (the CPU kernels and the triton backend do):
-    each op that takes it elsewhere refuses it by name, saying where it runs."""
-    case = graph_case("symmetric", dtype=torch.float32)
-    half = {name: getattr(case, name).to(storage_dtype) for name in ("x", "z", "v", "p", "q")}
-    where = r"but this op on cpu takes float32 or float64 \(16-bit storage is taken by the row"
-    with pytest.raises(RuntimeError, match=rf"^y is .*{where}"):
-        emu.csr_fma(case.rowptr, case.col, case.w, half["z"], case.x, case.cy, case.rs)
-    with pytest.raises(RuntimeError, match=rf"^b is .*{where}"):
-        emu.csr_fma(case.rowptr, case.col, case.w, case.z, half["x"], case.cy, case.rs)
-    with pytest.raises(RuntimeError, match=rf"^z is .*{where}"):
-        emu.neural_weight_grad(case.rowptr, case.col, case.a, case.p, case.q, half["z"],
-                               half["v"], 1e-6, None, None, None)
-    with pytest.raises(RuntimeError, match=rf"^p is .*{where}"):
-        emu.neural_weight_grad(case.rowptr, case.col, case.a, half["p"], half["q"], case.z,
-                               case.v, 1e-6, None, None, None)
-    with pytest.raises(RuntimeError, match=rf"^p is .*{where}"):
-        emu.neural_edge_weights(case.rowptr, case.col, case.a, half["p"], half["q"], 1e-6)
+STORAGE = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind,n,d,h", [
+    ("symmetric", 24, 8, 4),   # channel vectors of 4 (8-byte 16-bit loads), groups of 4
+    ("directed", 24, 6, 3),    # scalar channels; the gradient pass over the transposed CSR
+    ("zero_rows", 24, 4, 4),   # guarded rows
+    ("hub", 40, 8, 8),         # heavy rows: partial sums and the combine kernels
+    ("hub_out", 40, 300, 8),   # d spans two channel blocks of a 32-lane group
+])
+def test_16bit_storage(emu, kind, n, d, h, storage_dtype):
+    """The CUDA kernels' 16-bit passes (y, out of the row pass; z, v of the gradient pass):
+    bit for bit their float32 passes on the widened inputs, rounded like torch, and close to
+    the CPU kernels' 16-bit passes (gpu_op_cases.check_storage16)."""
+    check_storage16(runner(emu), graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
+                    storage_dtype, context=f"{kind} d={d}")
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_16bit_rows_not_8_byte_aligned(emu, storage_dtype):
+    """16-bit rows 2 bytes past an 8-byte boundary cannot take 8-byte loads: scalar channels,
+    the same bits from the row pass (each channel's sum in edge order either way), the
+    gradients to the order of the sums over channels (pi_ij, rho_ij, dl/dW_ij)."""
+    case = graph_case("hub", n=40, d=8, h=4, dtype=torch.float32)
+    y = case.z.to(storage_dtype)
+    base = torch.empty(y.numel() + 1, dtype=storage_dtype)
+    shifted = base[1:].view_as(y)
+    shifted.copy_(y)
+    assert shifted.data_ptr() % 8 != 0
+    args = (case.w, case.x, case.cy, case.rs)
+    assert torch.equal(emu.csr_fma(case.rowptr, case.col, args[0], shifted, *args[1:]),
+                       emu.csr_fma(case.rowptr, case.col, args[0], y, *args[1:]))
+    grad = (case.rowptr, case.col, case.a, case.p, case.q)
+    for got, want in zip(emu.neural_weight_grad(*grad, shifted, y, case.eps, None, None, None),
+                         emu.neural_weight_grad(*grad, y, y, case.eps, None, None, None)):
+        assert rel_err(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+def test_layer_with_16bit_storage(emu, monkeypatch, storage_dtype):
+    """The layer with 16-bit iterates (the solvers' loop over the passes) on the emulated CUDA
+    passes: equal to its run on the CPU kernels to float32 summation order, within 1e-2 of
+    float32 and not equal to it."""
+    x, ei, _ = make_graph("directed", n=40, d=8, dtype=torch.float32)
+
+    def run(storage):
+        layer = make_layer(8, h=4, dtype=torch.float32, backend="cpu", storage_dtype=storage)
+        xr = x.clone().requires_grad_()
+        z = layer(xr, ei)
+        (z * torch.linspace(-1.0, 1.0, z.numel()).view_as(z)).sum().backward()
+        return [z.detach(), xr.grad] + [t.grad for t in thetas(layer).values()]
+
+    cpu16, cpu32 = run(storage_dtype), run(None)
+    emulated_cpu_backend(emu, monkeypatch)
+    emulated16 = run(storage_dtype)
+    for got, same, wide in zip(emulated16, cpu16, cpu32):
+        assert rel_err(got, same) <= 1e-5
+        assert 1e-7 < rel_err(got, wide) <= 1e-2
 
 
 def emulated_cpu_backend(emu, monkeypatch):

@@ -2,18 +2,19 @@
 adjoint in bfloat16 or float16, every sum in float32.
 
 - the layer's Z and every gradient (x, the three Θ) within 1e-2 (relative, Frobenius) of the
-  float32 run, on the plain-PyTorch backend, on the CPU kernels and on the Triton kernels (in
-  Triton's interpreter on the CPU, tests/conftest.py), on a symmetric graph, a directed one and
-  one with guard rows (chi = 0), and yet different from it;
+  float32 run, on the plain-PyTorch backend, on the CPU kernels, on the CUDA kernels (a GPU,
+  marker ``cuda``; without one tests/test_cuda_emulated.py runs them in the host emulator) and
+  on the Triton kernels (in Triton's interpreter on the CPU, tests/conftest.py), on a symmetric
+  graph, a directed one and one with guard rows (chi = 0), and yet different from it;
 - storage really is 16-bit: the row pass is handed 16-bit iterates, and Z equals a dense
   reference that rounds each iterate to the storage dtype by hand;
 - the Triton and CPU results equal the torch one to float32 accumulation order, pass by pass
   (heavy rows included) and for the whole layer; the CPU row pass with 16-bit iterates equals,
   bit for bit, its float32 pass on the widened iterates with the output rounded by torch, in
   every instruction-set build (NaN, infinities, float16 overflow, subnormals, ties);
-- bad values, unsupported backends and solvers raise ValueError naming storage_dtype; the CUDA
-  kernels' ops refuse 16-bit iterates naming the argument; storage_dtype=None is unchanged
-  (the solve op still takes its old arguments).
+- bad values, a backend without 16-bit storage and other solvers raise ValueError naming
+  storage_dtype; the compiled ops refuse 16-bit compute-dtype arguments naming them;
+  storage_dtype=None is unchanged (the solve op still takes its old arguments).
 """
 import dataclasses
 
@@ -101,11 +102,13 @@ def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_
     _assert_close_to_float32_and_equal_to_torch(kind, "triton", storage_dtype, triton_device)
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=_CUDA_ONLY)])
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 @pytest.mark.parametrize("kind", KINDS)
-def test_cpu_kernels_close_to_float32_and_equal_to_torch(kind, storage_dtype, one_thread):
-    """The compiled CPU backend with 16-bit iterates (the solvers' loop over its passes)."""
-    _assert_close_to_float32_and_equal_to_torch(kind, "cpu", storage_dtype)
+def test_compiled_kernels_close_to_float32_and_equal_to_torch(kind, storage_dtype, backend,
+                                                              one_thread):
+    """The compiled backends with 16-bit iterates (the solvers' loop over their passes)."""
+    _assert_close_to_float32_and_equal_to_torch(kind, backend, storage_dtype, device=backend)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
@@ -360,7 +363,7 @@ def test_cpu_ops_check_16bit_arguments():
                              1e-6)
     with pytest.raises(RuntimeError, match=r"q must have dtype BFloat16"):
         o.neural_edge_weights(g.rowptr, g.col, t["a"], t["p"], t["q"].half(), 1e-6)
-    with pytest.raises(RuntimeError, match=r"p is BFloat16 but this op on cpu takes float32"):
+    with pytest.raises(RuntimeError, match=r"p is BFloat16 but this op takes float32"):
         o.neural_edge_weights_backward(g.rowptr, g.col, t["a"], t["p"], t["q"], 1e-6, t["w"],
                                        g.rowptr, g.col, torch.arange(g.num_edges))
     x = t["b"]
@@ -384,7 +387,12 @@ def test_bad_storage_dtype(bad):
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
-def test_unsupported_backend_and_solver(storage_dtype):
+def test_unsupported_backend_and_solver(storage_dtype, monkeypatch):
+    """Every backend of the package stores in 16 bits; one that does not (here the CUDA
+    backend's record with its storage_dtypes emptied) is refused by name, as are the other
+    solvers."""
+    monkeypatch.setitem(backends._REGISTRY, "cuda", dataclasses.replace(
+        backends.get_backend("cuda"), storage_dtypes=()))
     support = r"\('cpu', 'triton', 'torch'\)"
     with pytest.raises(ValueError, match=rf"storage_dtype=.*backend='cuda'.*{support}"):
         dk.FusedImplicitDiffusion(4, backend="cuda", storage_dtype=storage_dtype)
@@ -409,8 +417,8 @@ def test_unsupported_backend_and_solver(storage_dtype):
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 def test_auto_and_default_pick_a_supporting_backend(storage_dtype, one_thread):
-    assert backends.get_backend("cuda").storage_dtypes == ()
-    assert backends.storage_backends(storage_dtype) == ("cpu", "triton", "torch")
+    assert backends.get_backend("cuda").storage_dtypes == backends.STORAGE_DTYPES
+    assert backends.storage_backends(storage_dtype) == backends.BACKENDS
     assert backends.available_backends(torch.device("cpu"), 100, storage_dtype)[0] == "cpu"
     layer = make_layer(5, dtype=torch.float32, storage_dtype=storage_dtype)
     x, ei, _ = make_graph("symmetric", dtype=torch.float32)

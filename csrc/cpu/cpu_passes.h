@@ -51,8 +51,6 @@ class RowStep {
 
 class CpuPasses {
  public:
-  // The row and gradient passes take iterates (and projections) stored in 16 bits.
-  static constexpr bool kStorage16 = true;
   using Csr = cpu::Csr;
   using Residual = cpu::Residual;
   using RowStep = cpu::RowStep;

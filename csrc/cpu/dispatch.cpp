@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/passes_common.h"
+#include "ops/checks.h"
 
 namespace dignn {
 namespace cpu {
@@ -72,15 +73,6 @@ Isa isa() {
 #define DIGNN_TARGS_WEIGHTS scalar_t, index_t
 #define DIGNN_TARGS_STORED scalar_t, index_t, storage_t
 
-bool is_storage16(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
-}
-
-// t in the compute dtype: widened (exactly) from 16-bit storage, else t itself.
-at::Tensor widened(const at::Tensor& t, at::ScalarType compute) {
-  return t.defined() && t.scalar_type() != compute ? t.to(compute) : t;
-}
-
 template <typename T>
 const T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -99,12 +91,9 @@ const char* isa_name() {
   }
 }
 
-StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges_in, at::Tensor& w,
+StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
                            at::Tensor& kappa, const NeuralStep* step, const Iterates* z) {
-  // p and q in 16-bit storage are widened first: the weights only read them, a few times.
-  const at::ScalarType compute = edges_in.a.scalar_type();
-  const NeuralEdges edges{edges_in.a, widened(edges_in.p, compute),
-                          widened(edges_in.q, compute), edges_in.eps};
+  const at::ScalarType compute = edges.a.scalar_type();
   const at::Tensor none;
   const at::Tensor& y = step != nullptr ? z->current : none;
   StepNorms norms;
@@ -128,11 +117,9 @@ StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges_in, at::Tens
   return norms;
 }
 
-StepNorms row_pass(const Csr& csr, const RowMap& map_in, const at::Tensor& y,
+StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
                    const at::Tensor& out) {
-  const at::ScalarType compute = map_in.w.scalar_type();
-  // b in 16 bits is widened (it is read once per row, never gathered).
-  const RowMap map{map_in.w, widened(map_in.b, compute), map_in.cy, map_in.rs};
+  const at::ScalarType compute = map.w.scalar_type();
   StepNorms norms;
   const auto run = [&](auto compute_tag, auto storage_tag) {
     using scalar_t = decltype(compute_tag);
@@ -147,37 +134,23 @@ StepNorms row_pass(const Csr& csr, const RowMap& map_in, const at::Tensor& y,
       }();
     });
   };
-  if (!is_storage16(y)) {
-    AT_DISPATCH_FLOATING_TYPES(compute, "row_pass", [&] { run(scalar_t{}, scalar_t{}); });
-  } else if (compute == at::kFloat) {
+  if (is_storage16(y)) {  // float32 compute (csrc/ops/storage.h)
+    TORCH_INTERNAL_ASSERT(compute == at::kFloat, "16-bit iterates with ", compute, " compute");
     AT_DISPATCH_REDUCED_FLOATING_TYPES(y.scalar_type(), "row_pass",
                                        [&] { run(float{}, scalar_t{}); });
   } else {
-    // float64 compute with 16-bit iterates: the float64 pass on y widened, its output rounded
-    // by torch (the values of a pass that widens every load; no 16-bit float64 kernels).
-    at::Tensor wide = at::empty(out.sizes(), out.options().dtype(compute));
-    norms = row_pass(csr, map, y.to(compute), wide);
-    out.copy_(wide);
+    AT_DISPATCH_FLOATING_TYPES(compute, "row_pass", [&] { run(scalar_t{}, scalar_t{}); });
   }
   return norms;
 }
 
-void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges_in,
-               const at::Tensor& t_a, const EdgeGradient& grad_in, at::Tensor& grad_p,
+void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
+               const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
                at::Tensor& grad_q) {
-  const at::ScalarType compute = edges_in.a.scalar_type();
-  // p, q in 16 bits are widened first (gathered once per edge, like z and v, but the gradient
-  // of the weights is sensitive to them: see dignn_kernels/solvers/op.py). z and v stay in 16
-  // bits when both are in the same 16-bit dtype and the compute dtype is float.
-  const NeuralEdges edges{edges_in.a, widened(edges_in.p, compute),
-                          widened(edges_in.q, compute), edges_in.eps};
-  const bool stored = !grad_in.given() && compute == at::kFloat && is_storage16(grad_in.z) &&
-                      grad_in.v.scalar_type() == grad_in.z.scalar_type();
-  EdgeGradient grad = grad_in;
-  if (!grad.given() && !stored) {
-    grad.z = widened(grad.z, compute);
-    grad.v = widened(grad.v, compute);
-  }
+  const at::ScalarType compute = edges.a.scalar_type();
+  // z and v in one 16-bit dtype with float32 compute (csrc/ops/storage.h), or in the compute
+  // dtype
+  const bool stored = !grad.given() && is_storage16(grad.z);
   const at::Tensor none;
   const at::Tensor& t_rowptr = t_csr != nullptr ? t_csr->rowptr : none;
   const at::Tensor& t_col = t_csr != nullptr ? t_csr->col : none;

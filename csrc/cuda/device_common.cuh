@@ -60,9 +60,14 @@ DIGNN_DEV Pack<T, V> load_ro(const T* ptr) {
     p.v[2] = t.z;
     p.v[3] = t.w;
     return p;
-  } else if constexpr (V == 1) {
+  } else if constexpr (V == 1 && std::is_arithmetic<T>::value) {
     Pack<T, V> p;
     p.v[0] = __ldg(ptr);
+    return p;
+  } else if constexpr (sizeof(Pack<T, V>) == 8) {  // four 16-bit values (rows 8-byte aligned)
+    const uint2 t = __ldg(reinterpret_cast<const uint2*>(ptr));
+    Pack<T, V> p;
+    memcpy(&p, &t, sizeof(p));
     return p;
   }
 #endif
@@ -76,6 +81,34 @@ DIGNN_DEV void store(T* ptr, const Pack<T, V>& p) {
 #else
   std::memcpy(ptr, p.v, sizeof(p.v));
 #endif
+}
+
+// 16-bit storage (launch.h): V channels stored as S, loaded read-only and widened (exactly) to
+// the compute type T; S == T is load_ro itself.
+template <typename T, int V, typename S>
+DIGNN_DEV Pack<T, V> load_ro_as(const S* ptr) {
+  if constexpr (std::is_same<S, T>::value) {
+    return load_ro<T, V>(ptr);
+  } else {
+    const Pack<S, V> s = load_ro<S, V>(ptr);
+    Pack<T, V> p;
+    DIGNN_UNROLL
+    for (int c = 0; c < V; ++c) p.v[c] = static_cast<T>(s.v[c]);
+    return p;
+  }
+}
+
+// V channels of T stored as S: rounded to nearest even (c10's conversion); S == T is store.
+template <typename T, int V, typename S>
+DIGNN_DEV void store_as(S* ptr, const Pack<T, V>& p) {
+  if constexpr (std::is_same<S, T>::value) {
+    store<T, V>(ptr, p);
+  } else {
+    Pack<S, V> s;
+    DIGNN_UNROLL
+    for (int c = 0; c < V; ++c) s.v[c] = static_cast<S>(p.v[c]);
+    store<S, V>(ptr, s);
+  }
 }
 
 template <typename T, int V>
@@ -182,24 +215,24 @@ DIGNN_DEV void for_each_edge_batch(const Segment& sg, int lane, const Load& load
   }
 }
 
-// This lane's channel vectors of channel block cb of one row (rows of `nvec` vectors): vectors
-// cb + lane + t G, t < kCudaVecsPerLane; zero beyond the row or when !ok.
-template <typename T, int V, int G>
-DIGNN_DEV void load_lane_block(const T* row, int64_t nvec, int64_t cb, int lane, bool ok,
+// This lane's channel vectors of channel block cb of one row (rows of `nvec` vectors, stored as
+// S): vectors cb + lane + t G, t < kCudaVecsPerLane; zero beyond the row or when !ok.
+template <typename T, int V, int G, typename S>
+DIGNN_DEV void load_lane_block(const S* row, int64_t nvec, int64_t cb, int lane, bool ok,
                                Pack<T, V> (&out)[kCudaVecsPerLane]) {
-  const T* at = row + (cb + lane) * V;  // vector t at a constant offset from it
+  const S* at = row + (cb + lane) * V;  // vector t at a constant offset from it
   DIGNN_UNROLL
   for (int t = 0; t < kCudaVecsPerLane; ++t) {
     const bool in_row = cb + lane + t * G < nvec;
-    out[t] = ok && in_row ? load_ro<T, V>(at + t * G * V) : zero_pack<T, V>();
+    out[t] = ok && in_row ? load_ro_as<T, V>(at + t * G * V) : zero_pack<T, V>();
   }
 }
 
 // The same vectors of rows j[u] of x (rows of `width` channels, `nvec` vectors) for the U edges
 // of a batch (zero for the edges u >= valid). Independent loads: a caller that makes every
 // load of a batch before its math has them all in flight at once.
-template <typename T, int V, int G, int U>
-DIGNN_DEV void load_batch_block(const T* x, int64_t width, int64_t nvec, int64_t cb, int lane,
+template <typename T, int V, int G, int U, typename S>
+DIGNN_DEV void load_batch_block(const S* x, int64_t width, int64_t nvec, int64_t cb, int lane,
                                 const int32_t (&j)[U], int valid,
                                 Pack<T, V> (&out)[U][kCudaVecsPerLane]) {
   DIGNN_UNROLL
@@ -217,10 +250,10 @@ DIGNN_DEV void load_batch_block(const T* x, int64_t width, int64_t nvec, int64_t
 // loads the rest here, each vector's loads before its math; only a group of a whole warp has
 // such rows (group_size, launch.h), so smaller groups are compiled without that loop and the
 // registers it holds. f is also called for the edges u >= valid, with zero vectors j: their
-// results are to be ignored.
-template <typename T, int V, int G, int U, typename F>
-DIGNN_DEV void for_each_lane_vector(int lane, int64_t nvec, int64_t width, const T* x,
-                                    const T* y, const T* x_row, const T* y_row,
+// results are to be ignored. x and y are stored as S.
+template <typename T, int V, int G, int U, typename S, typename F>
+DIGNN_DEV void for_each_lane_vector(int lane, int64_t nvec, int64_t width, const S* x,
+                                    const S* y, const S* x_row, const S* y_row,
                                     const Pack<T, V> (&xi)[kCudaVecsPerLane],
                                     const Pack<T, V> (&yi)[kCudaVecsPerLane],
                                     const Pack<T, V> (&xj)[U][kCudaVecsPerLane],
@@ -236,14 +269,14 @@ DIGNN_DEV void for_each_lane_vector(int lane, int64_t nvec, int64_t width, const
   if constexpr (G == kCudaWarpLanes) {
     DIGNN_NO_UNROLL
     for (int64_t vi = lane + kCudaVecsPerLane * G; vi < nvec; vi += G) {
-      const Pack<T, V> xv = load_ro<T, V>(x_row + vi * V);
-      const Pack<T, V> yv = load_ro<T, V>(y_row + vi * V);
+      const Pack<T, V> xv = load_ro_as<T, V>(x_row + vi * V);
+      const Pack<T, V> yv = load_ro_as<T, V>(y_row + vi * V);
       Pack<T, V> xj_v[U], yj_v[U];
       DIGNN_UNROLL
       for (int u = 0; u < U; ++u) {
         const int64_t off = static_cast<int64_t>(j[u]) * width + vi * V;
-        xj_v[u] = u < valid ? load_ro<T, V>(x + off) : zero_pack<T, V>();
-        yj_v[u] = u < valid ? load_ro<T, V>(y + off) : zero_pack<T, V>();
+        xj_v[u] = u < valid ? load_ro_as<T, V>(x + off) : zero_pack<T, V>();
+        yj_v[u] = u < valid ? load_ro_as<T, V>(y + off) : zero_pack<T, V>();
       }
       DIGNN_UNROLL
       for (int u = 0; u < U; ++u) f(u, xv, yv, xj_v[u], yj_v[u]);

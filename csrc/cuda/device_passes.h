@@ -81,8 +81,6 @@ class DeviceRowStep {
 
 class DevicePasses {
  public:
-  // No 16-bit storage in the CUDA kernels (the triton backend has it on the GPU).
-  static constexpr bool kStorage16 = false;
   using Csr = DeviceCsr;
   using Residual = DeviceResidual;
   using RowStep = DeviceRowStep;
@@ -189,19 +187,21 @@ class DevicePasses {
     pass.kappa_out = kappa;
   }
 
-  // A row pass with cached weights over the iterates y and out (`norms`: of a solve).
+  // A row pass with cached weights over the iterates y and out (`norms`: of a solve), stored in
+  // the compute dtype (w's) or in 16 bits.
   RowPass cached_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
                       const at::Tensor& out, bool norms) const {
     const int64_t d = y.size(1);
-    const int vec = vector_width(y.scalar_type(), {d}, {&map.b, &y, &out});
-    RowPass pass(csr, d, 0, false, norms, vec, y.options());
+    const int vec = vector_width(map.w.scalar_type(), {d}, {&map.b, &y, &out});
+    RowPass pass(csr, d, 0, false, norms, vec, map.w.options());
     pass.map = map;
     return pass;
   }
 
   // One gradient pass (grad_pass_impl.cuh) over a CSR: `mode` says how dl/dW is known
   // (EdgeGradMode, launch.h), `given` holds it per edge for kEdgeGradGiven; a: the edge values
-  // in this CSR's order; accumulate: add to grad_p and grad_q.
+  // in this CSR's order; accumulate: add to grad_p and grad_q. A formed dl/dW's z and v are in
+  // the compute dtype (p's) or both in one 16-bit dtype (float32 compute).
   void gradient_pass(const Csr& csr, const at::Tensor& a, const NeuralEdges& edges, int mode,
                      const at::Tensor& given, const EdgeGradient& grad, bool accumulate,
                      const at::Tensor& grad_p, const at::Tensor& grad_q) const {
@@ -216,9 +216,10 @@ class DevicePasses {
     if (h / vec > plan.group * kCudaVecsPerLane) {  // h spans several channel blocks
       scratch = at::empty({2 * std::max<int64_t>(csr.m, 1)}, p.options());
     }
-    AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "grad_pass", [&] {
-      using T = scalar_t;
-      GradPassArgs<T> A;
+    const auto run = [&](auto compute_tag, auto storage_tag) {
+      using T = decltype(compute_tag);
+      using S = decltype(storage_tag);
+      GradPassArgs<T, S> A;
       A.rowptr = csr.rowptr.data_ptr<int64_t>();
       A.col = csr.col.data_ptr<int32_t>();
       A.n = csr.n;
@@ -231,8 +232,8 @@ class DevicePasses {
       A.eps = static_cast<T>(edges.eps);
       A.mode = mode;
       A.given = data_or_null<T>(given);
-      A.z = formed ? grad.z.data_ptr<T>() : nullptr;
-      A.v = formed ? grad.v.data_ptr<T>() : nullptr;
+      A.z = formed ? grad.z.data_ptr<S>() : nullptr;
+      A.v = formed ? grad.v.data_ptr<S>() : nullptr;
       A.d = d;
       A.accumulate = accumulate;
       A.grad_p = grad_p.data_ptr<T>();
@@ -240,8 +241,17 @@ class DevicePasses {
       A.partial = partial.data_ptr<T>();
       A.edge_scratch = data_or_null<T>(scratch);
       A.plan = plan;
-      check_status(launch_grad_pass<T>(A, stream()), "grad_pass");
-    });
+      check_status(launch_grad_pass<T, S>(A, stream()), "grad_pass");
+    };
+    if (formed && grad.z.scalar_type() != p.scalar_type()) {
+      TORCH_INTERNAL_ASSERT(p.scalar_type() == at::kFloat, "gradient pass of ",
+                            grad.z.scalar_type(), " z, v with ", p.scalar_type(), " compute");
+      AT_DISPATCH_REDUCED_FLOATING_TYPES(grad.z.scalar_type(), "grad_pass",
+                                         [&] { run(float{}, scalar_t{}); });
+    } else {
+      AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "grad_pass",
+                                 [&] { run(scalar_t{}, scalar_t{}); });
+    }
   }
 
   DeviceScope scope_;

@@ -21,7 +21,8 @@ class RowPass {
  public:
   // d: channels of the iterates (0: only the neural weights); neural: the weights are made in
   // the pass from `edges` (h channels of p, q); norms: the pass also writes its per-block step
-  // norms (a solve, see finalize); vec: elements per channel vector (vector_width).
+  // norms (a solve, see finalize); vec: elements per channel vector (vector_width); opts: of
+  // the compute dtype (the iterates may be stored in 16 bits, launch.h).
   RowPass(const DeviceCsr& csr, int64_t d, int64_t h, bool neural, bool norms, int vec,
           const at::TensorOptions& opts)
       : csr_(csr), d_(d), h_(h), neural_(neural), dtype_(opts.dtype().toScalarType()) {
@@ -43,11 +44,22 @@ class RowPass {
   double inv_mu = 0.0;
   const int32_t* converged = nullptr;  // a solve's flag: once set, out = y
 
-  // out = b + cy y + rs (W y), or only the neural weights when y is undefined.
+  // out = b + cy y + rs (W y), or only the neural weights when y is undefined. y and out in
+  // the compute dtype, or (cached weights, float32 compute) both in one 16-bit dtype.
   void run(const at::Tensor& y, const at::Tensor& out, simt::Stream stream) const {
     if (csr_.n == 0) return;
+    if (y.defined() && y.scalar_type() != dtype_) {
+      TORCH_INTERNAL_ASSERT(dtype_ == at::kFloat && !neural_, "row pass of ", y.scalar_type(),
+                            " iterates with ", dtype_, " compute");
+      AT_DISPATCH_REDUCED_FLOATING_TYPES(y.scalar_type(), "row_pass", [&] {
+        check_status(launch_row_pass<float, scalar_t>(args<float, scalar_t>(y, out), stream),
+                     "row_pass");
+      });
+      return;
+    }
     AT_DISPATCH_FLOATING_TYPES(dtype_, "row_pass", [&] {
-      check_status(launch_row_pass<scalar_t>(args<scalar_t>(y, out), stream), "row_pass");
+      check_status(launch_row_pass<scalar_t, scalar_t>(args<scalar_t, scalar_t>(y, out), stream),
+                   "row_pass");
     });
   }
 
@@ -64,9 +76,9 @@ class RowPass {
   }
 
  private:
-  template <typename T>
-  RowPassArgs<T> args(const at::Tensor& y, const at::Tensor& out) const {
-    RowPassArgs<T> A;
+  template <typename T, typename S>
+  RowPassArgs<T, S> args(const at::Tensor& y, const at::Tensor& out) const {
+    RowPassArgs<T, S> A;
     A.neural = neural_;
     A.rowptr = csr_.rowptr.data_ptr<int64_t>();
     A.col = csr_.col.data_ptr<int32_t>();
@@ -82,8 +94,8 @@ class RowPass {
     A.w_out = data_or_null<T>(w_out);
     A.kappa_out = data_or_null<T>(kappa_out);
     A.b = data_or_null<T>(map.b);
-    A.y = data_or_null<T>(y);
-    A.out = data_or_null<T>(out);
+    A.y = data_or_null<S>(y);
+    A.out = data_or_null<S>(out);
     A.d = d_;
     A.cy = data_or_null<T>(map.cy);
     A.rs = data_or_null<T>(map.rs);

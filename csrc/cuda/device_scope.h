@@ -56,16 +56,19 @@ T* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// 4 (16-byte channel vectors) for float32 when every width is a multiple of 4 and every
-// defined row tensor is 16-byte aligned; else 1.
-inline int vector_width(at::ScalarType dtype, std::initializer_list<int64_t> widths,
+// 4 (channel vectors of 4 elements: 16-byte loads, 8-byte ones of 16-bit storage) for float32
+// compute when every width is a multiple of 4 and every defined row tensor is aligned to 4 of
+// its elements; else 1.
+inline int vector_width(at::ScalarType compute, std::initializer_list<int64_t> widths,
                         std::initializer_list<const at::Tensor*> rows) {
-  if (dtype != at::kFloat) return 1;
+  if (compute != at::kFloat) return 1;
   for (int64_t w : widths) {
     if (w % 4 != 0) return 1;
   }
   for (const at::Tensor* t : rows) {
-    if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return 1;
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % (4 * t->element_size()) != 0) {
+      return 1;
+    }
   }
   return 4;
 }

@@ -21,10 +21,10 @@ struct GradEdgeSlot {
 };
 
 // One segment per group of G lanes. kFormed: dl/dW is formed from v and z (A.mode one of
-// kEdgeGradSymmetric, kEdgeGradOut, kEdgeGradIn), else given per edge (kEdgeGradGiven); a
-// compile-time choice, so that neither kernel holds the other's registers.
-template <typename T, int V, int G, bool kFormed>
-DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
+// kEdgeGradSymmetric, kEdgeGradOut, kEdgeGradIn; both stored as S), else given per edge
+// (kEdgeGradGiven); a compile-time choice, so that neither kernel holds the other's registers.
+template <typename T, typename S, int V, int G, bool kFormed>
+DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   constexpr int U = kCudaGradUnroll;
@@ -44,8 +44,8 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
   const int64_t nvec_d = kFormed ? d / V : 0;
   const T* p_i = A.p + i * h;
   const T* q_i = A.q + i * h;
-  const T* v_i = kFormed ? A.v + i * d : nullptr;
-  const T* z_i = kFormed ? A.z + i * d : nullptr;
+  const S* v_i = kFormed ? A.v + i * d : nullptr;
+  const S* z_i = kFormed ? A.z + i * d : nullptr;
   // A segment of a heavy row writes its sums to its slot of A.partial; null: the row is
   // finished here.
   T* const heavy_slot = sg.nseg > 1 ? A.partial + sg.slot * grad_partial_stride(h) : nullptr;
@@ -226,8 +226,8 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T> A) {
 }
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
-template <typename T>
-DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T> A) {
+template <typename T, typename S>
+DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / 32;
   const int lane = simt::thread_idx() & 31;
   const int64_t index = simt::block_idx() * kGroups + simt::thread_idx() / 32;
@@ -254,18 +254,22 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T> A) {
   }
 }
 
-// The segment kernel, then the heavy-row kernel.
-template <typename T>
-int launch_grad_pass(const GradPassArgs<T>& A, simt::Stream stream) {
+// The segment kernel, then the heavy-row kernel. The kernels of a given dl/dW (no z, v) are
+// compiled for S == T only.
+template <typename T, typename S>
+int launch_grad_pass(const GradPassArgs<T, S>& A, simt::Stream stream) {
+  constexpr bool kGivenToo = std::is_same<S, T>::value;
+  const bool formed = A.mode != kEdgeGradGiven;
+  if (!formed && !kGivenToo) return 1;  // cudaErrorInvalidValue
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
-    const auto kernel = A.mode != kEdgeGradGiven ? &grad_pass_kernel<T, V, G, true>
-                                                 : &grad_pass_kernel<T, V, G, false>;
+    const auto kernel = formed ? &grad_pass_kernel<T, S, V, G, true>
+                               : &grad_pass_kernel<T, S, V, G, !kGivenToo>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;
-  return simt::launch(&grad_combine_kernel<T>, A.plan.combine_blocks, kCudaBlockThreads, stream,
-                      A);
+  return simt::launch(&grad_combine_kernel<T, S>, A.plan.combine_blocks, kCudaBlockThreads,
+                      stream, A);
 }
 
 }  // namespace DIGNN_SIMT_NS

@@ -1,7 +1,7 @@
 // What the host code of the CUDA ops (csrc/cuda/device_*.h) hands to the kernels: plain
-// argument structs, the launch plan, and the launchers. No ATen here, so that the .cu files
-// compile quickly; the math is in csrc/dignn/laplacian_math.h, the schedule's vocabulary and
-// constants in csrc/dignn/schedule.h.
+// argument structs, the launch plan, and the launchers. No ATen here (only c10's 16-bit float
+// types), so that the .cu files compile quickly; the math is in csrc/dignn/laplacian_math.h,
+// the schedule's vocabulary and constants in csrc/dignn/schedule.h.
 //
 // Work decomposition (the same for every CSR pass):
 // - The *schedule* (segments and heavy rows, schedule.h) is built once per op call from rowptr
@@ -14,6 +14,10 @@
 //   for float32 when every row is 16-byte aligned: one 16-byte load per lane per vector), and
 //   the group gathers kCudaRowUnroll (kCudaGradUnroll) neighbour rows at a time to keep
 //   several loads in flight.
+// - 16-bit storage (csrc/ops/storage.h): the row pass's iterates y, out and the gradient pass's
+//   z, v may be stored as S = c10::BFloat16 or c10::Half with T = float. Each load is widened
+//   exactly to T, where every sum runs; the row pass rounds its output to nearest even on the
+//   store (c10's conversions, as torch's .to() on the same device). V = 4 then loads 8 bytes.
 // - The segments of a heavy row write their partial sums to one slot each; a second kernel
 //   adds the slots of each heavy row in segment order and finishes the row.
 // - Sums over rows (the residual norms of a solve) are reduced per block in group order and
@@ -21,6 +25,9 @@
 #pragma once
 
 #include <cstdint>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "cuda/simt.cuh"
 #include "dignn/schedule.h"
@@ -93,8 +100,9 @@ inline PassPlan plan_pass(int64_t n, int64_t m, int64_t widest_vecs, int vec) {
 //   (cy, rs) = row_coefficients(chi_i, kappa_i, inv_mu) when chi is given. With y null only the
 //   weights and kappa are made (neural_edge_weights).
 // With `converged` set on the device, the pass only carries y forward (out = y) and adds nothing
-// to the norms; the weights of a neural pass are still made.
-template <typename T>
+// to the norms; the weights of a neural pass are still made. y and out are stored as S (a
+// 16-bit S only with cached weights).
+template <typename T, typename S = T>
 struct RowPassArgs {
   bool neural = false;  // neural weights made in the pass (else cached w)
   const int64_t* rowptr = nullptr;
@@ -110,8 +118,8 @@ struct RowPassArgs {
   T* w_out = nullptr;
   T* kappa_out = nullptr;
   const T* b = nullptr;
-  const T* y = nullptr;
-  T* out = nullptr;
+  const S* y = nullptr;
+  S* out = nullptr;
   int64_t d = 0;
   const T* cy = nullptr;
   const T* rs = nullptr;
@@ -135,8 +143,8 @@ enum EdgeGradMode : int {
 
 // One CSR pass of the gradient of the neural edge weights (laplacian_math.h):
 //   grad_p_i (+)= sum_k cp_k p_{j_k},  grad_q_i (+)= sum_k cq_k (q_i - q_{j_k}),
-//   cp = G dW/dpi,  cq = G (dW/drho) / rho.
-template <typename T>
+//   cp = G dW/dpi,  cq = G (dW/drho) / rho.  z and v are stored as S.
+template <typename T, typename S = T>
 struct GradPassArgs {
   const int64_t* rowptr = nullptr;
   const int32_t* col = nullptr;
@@ -149,8 +157,8 @@ struct GradPassArgs {
   T eps = T(0);
   int mode = kEdgeGradGiven;
   const T* given = nullptr;  // kEdgeGradGiven: dl/dW per edge in this CSR's order
-  const T* z = nullptr;
-  const T* v = nullptr;
+  const S* z = nullptr;
+  const S* v = nullptr;
   int64_t d = 0;
   bool accumulate = false;  // add to grad_p, grad_q instead of overwriting them
   T* grad_p = nullptr;
@@ -163,14 +171,18 @@ struct GradPassArgs {
 DIGNN_HOST_DEV int64_t grad_partial_stride(int64_t h) { return 2 * h + 4; }
 
 // Launchers (csrc/cuda/*.cu). Each returns the launch status (0 = success).
-template <typename T>
-int launch_row_pass(const RowPassArgs<T>& args, simt::Stream stream);
-template <typename T>
-int launch_grad_pass(const GradPassArgs<T>& args, simt::Stream stream);
-// Their instantiations for float and double, each in its own .cu file (compiled in parallel).
-#define DIGNN_INSTANTIATE_PASS_LAUNCHER(LAUNCHER, ARGS)          \
-  template int LAUNCHER<float>(const ARGS<float>&, simt::Stream); \
-  template int LAUNCHER<double>(const ARGS<double>&, simt::Stream);
+template <typename T, typename S>
+int launch_row_pass(const RowPassArgs<T, S>& args, simt::Stream stream);
+template <typename T, typename S>
+int launch_grad_pass(const GradPassArgs<T, S>& args, simt::Stream stream);
+// Their instantiations for float and double, and float with 16-bit storage, each in its own .cu
+// file (compiled in parallel).
+#define DIGNN_INSTANTIATE_PASS_LAUNCHER(LAUNCHER, ARGS)                                     \
+  template int LAUNCHER<float, float>(const ARGS<float, float>&, simt::Stream);             \
+  template int LAUNCHER<double, double>(const ARGS<double, double>&, simt::Stream);         \
+  template int LAUNCHER<float, c10::BFloat16>(const ARGS<float, c10::BFloat16>&,            \
+                                              simt::Stream);                                \
+  template int LAUNCHER<float, c10::Half>(const ARGS<float, c10::Half>&, simt::Stream);
 
 int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
                            simt::Stream stream);

@@ -1,6 +1,7 @@
 // The forward/adjoint row pass of the fixed-point iteration (eq. iter) on the GPU, with cached
 // edge weights or with the neural weights (eq. 13-14) made in the same sweep. See launch.h for
-// the work decomposition and RowPassArgs for the contract; math in laplacian_math.h.
+// the work decomposition, 16-bit storage and RowPassArgs for the contract; math in
+// laplacian_math.h.
 #pragma once
 
 #include "cuda/device_common.cuh"
@@ -15,17 +16,18 @@ struct EdgeSlot {
   T val;
 };
 
-// Copies row y_i to out_i (a converged solve carries its result forward).
-template <typename T, int V, int G>
-DIGNN_DEV void carry_row(const T* y_i, T* out_i, int64_t nvec, int lane) {
+// Copies row y_i to out_i, both stored as S (a converged solve carries its result forward).
+template <typename S, int V, int G>
+DIGNN_DEV void carry_row(const S* y_i, S* out_i, int64_t nvec, int lane) {
   for (int64_t vi = lane; vi < nvec; vi += G) {
-    store<T, V>(out_i + vi * V, load_ro<T, V>(y_i + vi * V));
+    store<S, V>(out_i + vi * V, load_ro<S, V>(y_i + vi * V));
   }
 }
 
-// One segment (a whole row, or a part of a heavy row) per group of G lanes.
-template <typename T, int V, int G, bool kNeural>
-DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
+// One segment (a whole row, or a part of a heavy row) per group of G lanes; iterates stored as
+// S (16-bit S: cached weights only).
+template <typename T, typename S, int V, int G, bool kNeural>
+DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   static_assert(G % kCudaRowUnroll == 0, "a batch of edges lies within the group's G edges");
@@ -42,11 +44,11 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
     const bool carry = A.converged != nullptr && *A.converged != 0;
     const int64_t d = A.d;
     const int64_t nvec = A.y != nullptr ? d / V : 0;
-    const T* y_i = A.y + i * d;
-    T* out_i = A.out + i * d;
+    const S* y_i = A.y + i * d;
+    S* out_i = A.out + i * d;
 
     if (!kNeural && carry) {  // converged: out = y (heavy rows: in the combine kernel)
-      if (!heavy) carry_row<T, V, G>(y_i, out_i, nvec, lane);
+      if (!heavy) carry_row<S, V, G>(y_i, out_i, nvec, lane);
     } else {
       T cy = T(0), rs = T(0);
       if (!kNeural) {
@@ -162,7 +164,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
             for (int t = 0; t < kCudaVecsPerLane; ++t) {
               const int64_t vi = cb + lane + t * G;
               if (vi < nvec) {
-                const Pack<T, V> yi = load_ro<T, V>(y_i + vi * V);
+                const Pack<T, V> yi = load_ro_as<T, V>(y_i + vi * V);
                 Pack<T, V> o = yi;
                 if (!carry) {
                   const Pack<T, V> bi = load_ro<T, V>(b_i + vi * V);
@@ -174,7 +176,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
                     lane_out += o.v[c] * o.v[c];
                   }
                 }
-                store<T, V>(out_i + vi * V, o);
+                store_as<T, V>(out_i + vi * V, o);  // the norms are of the unrounded o
               }
             }
           } else {  // this segment's share of (W y)_i
@@ -200,8 +202,8 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T> A) {
 }
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
-template <typename T, bool kNeural>
-DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
+template <typename T, typename S, bool kNeural>
+DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / 32;
   const Group<32> grp;
   const int lane = grp.lane;
@@ -232,7 +234,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
     }
     T lane_diff = T(0), lane_out = T(0);
     for (int64_t c = lane; c < d; c += 32) {
-      const T yi = A.y[i * d + c];
+      const T yi = static_cast<T>(A.y[i * d + c]);
       T o = yi;
       if (!carry) {
         T acc = T(0);
@@ -242,7 +244,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
         lane_diff += diff * diff;
         lane_out += o * o;
       }
-      A.out[i * d + c] = o;
+      A.out[i * d + c] = static_cast<S>(o);
     }
     row_diff = grp.sum(lane_diff);
     row_out = grp.sum(lane_out);
@@ -253,17 +255,22 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T> A) {
   }
 }
 
-// The segment kernel, then the heavy-row kernel.
-template <typename T>
-int launch_row_pass(const RowPassArgs<T>& A, simt::Stream stream) {
+// The segment kernel, then the heavy-row kernel. The neural kernels are compiled for S == T
+// only.
+template <typename T, typename S>
+int launch_row_pass(const RowPassArgs<T, S>& A, simt::Stream stream) {
+  constexpr bool kNeuralToo = std::is_same<S, T>::value;
+  if (A.neural && !kNeuralToo) return 1;  // cudaErrorInvalidValue: no 16-bit neural kernels
+  const bool neural = kNeuralToo && A.neural;
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
-    const auto kernel =
-        A.neural ? &row_pass_kernel<T, V, G, true> : &row_pass_kernel<T, V, G, false>;
+    const auto kernel = neural ? &row_pass_kernel<T, S, V, G, kNeuralToo>
+                               : &row_pass_kernel<T, S, V, G, false>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;
-  const auto combine = A.neural ? &row_combine_kernel<T, true> : &row_combine_kernel<T, false>;
+  const auto combine =
+      neural ? &row_combine_kernel<T, S, kNeuralToo> : &row_combine_kernel<T, S, false>;
   return simt::launch(combine, A.plan.combine_blocks, kCudaBlockThreads, stream, A);
 }
 

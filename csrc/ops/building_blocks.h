@@ -1,7 +1,7 @@
 // The dignn ops other than the implicit layer's solves (csrc/ops/solve.h), written once for
 // every backend (a Passes class, csrc/ops/passes.h): the graph check, the neural edge weights
-// and their backward, and the single row and gradient passes. Schemas in
-// csrc/ops/schemas.cpp, math in csrc/dignn/laplacian_math.h.
+// and their backward, and the single row and gradient passes (which take 16-bit storage:
+// csrc/ops/storage.h). Schemas in csrc/ops/schemas.cpp, math in csrc/dignn/laplacian_math.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,6 +13,7 @@
 #include "ops/checks.h"
 #include "ops/passes.h"
 #include "ops/solve.h"
+#include "ops/storage.h"
 
 namespace dignn {
 namespace ops {
@@ -31,14 +32,15 @@ std::tuple<at::Tensor, at::Tensor> neural_edge_weights(const at::Tensor& rowptr,
                                                        const at::Tensor& p, const at::Tensor& q,
                                                        double eps) {
   const int64_t n =
-      check_neural_edge_weights_args(rowptr, col, a, p, q, eps, Passes::kStorage16);
+      check_neural_edge_weights_args(rowptr, col, a, p, q, eps, /*storage16=*/true);
   const Passes passes(p);
   at::Tensor w = at::empty({col.numel()}, a.options());  // the compute dtype (16-bit p, q)
   at::Tensor kappa = at::empty({n}, a.options());
   if (n > 0) {
     passes.edge_weights(passes.csr(rowptr.contiguous(), col),
-                        NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}, w,
-                        kappa);
+                        with_compute_projections(
+                            NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}),
+                        w, kappa);
   }
   return {w, kappa};
 }
@@ -72,8 +74,7 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
   const Transposed t =
-      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm,
-                                    Passes::kStorage16);
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
   const Passes passes(z);
   // The gradients in the compute dtype, a's (16-bit p, q, z, v are storage).
   at::Tensor grad_p = at::empty(p.sizes(), a.options());
@@ -82,9 +83,12 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
   const typename Passes::Csr csr = passes.csr(rowptr.contiguous(), col);
   std::optional<typename Passes::Csr> t_csr;
   if (t.defined()) t_csr.emplace(passes.csr(t.rowptr, t.col));
-  weight_grads_from_adjoint(passes, csr, t_csr ? &*t_csr : nullptr, t,
-                            NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps},
-                            z.contiguous(), v.contiguous(), grad_p, grad_q);
+  const EdgeGradient grad = stored_edge_gradient(
+      EdgeGradient::from_adjoint(z.contiguous(), v.contiguous()), a.scalar_type());
+  weight_grads_from_adjoint(
+      passes, csr, t_csr ? &*t_csr : nullptr, t,
+      with_compute_projections(NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}),
+      grad.z, grad.v, grad_p, grad_q);
   return {grad_p, grad_q};
 }
 
@@ -93,12 +97,12 @@ template <typename Passes>
 at::Tensor csr_fma(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
                    const at::Tensor& y, const at::Tensor& b, const at::Tensor& cy,
                    const at::Tensor& rs) {
-  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs, Passes::kStorage16);
+  const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
   const Passes passes(y);
   at::Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
   if (n > 0) {
     const RowMap map{w.contiguous(), b.contiguous(), cy.contiguous(), rs.contiguous()};
-    passes.row_pass(passes.csr(rowptr.contiguous(), col), map, y.contiguous(), out);
+    stored_row_pass(passes, passes.csr(rowptr.contiguous(), col), map, y.contiguous(), out);
   }
   return out;
 }

@@ -41,20 +41,19 @@ inline void check_csr(const at::Tensor& rowptr, const at::Tensor& col, const cha
 
 inline int64_t num_rows(const at::Tensor& rowptr) { return rowptr.numel() - 1; }
 
-// 16-bit storage (a solve's storage_dtype): the iterates and projections a pass reads may be
-// bfloat16 or float16 where the backend's kernels take them (Passes::kStorage16); the edge
-// values, coefficients and outputs other than the row pass's stay in the compute dtype.
+// 16-bit storage (a solve's storage_dtype; csrc/ops/storage.h): the iterates and projections
+// the row and gradient passes and the neural edge weights read may be bfloat16 or float16; the
+// edge values, coefficients and outputs other than the row pass's stay in the compute dtype.
 inline bool is_storage16(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
-// A 16-bit t where the op takes none (storage16 false: another op, or kernels without 16-bit
-// storage): raises saying which passes take it.
+// A 16-bit t where the op takes none (storage16 false): raises saying which ops take it.
 inline void check_storage16_supported(const at::Tensor& t, const char* name, bool storage16) {
-  TORCH_CHECK(storage16 || !is_storage16(t), name, " is ", t.scalar_type(), " but this op on ",
-              t.device().type(), " takes float32 or float64 (16-bit storage is taken by the "
-              "row and gradient passes of the CPU kernels and of backend='triton'); pass ", name,
-              " in float32 or float64");
+  TORCH_CHECK(storage16 || !is_storage16(t), name, " is ", t.scalar_type(),
+              " but this op takes float32 or float64 (16-bit storage is taken by the row pass "
+              "csr_fma, the gradient pass neural_weight_grad and neural_edge_weights); pass ",
+              name, " in float32 or float64");
 }
 
 // The compute dtype of a pass that takes 16-bit storage: float32 or float64.
@@ -199,41 +198,35 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
   return n;
 }
 
-// storage16: y (and b) may be stored in 16 bits (then w holds the compute dtype).
+// y (and b) may be stored in 16 bits (then w holds the compute dtype).
 inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& col,
                                   const at::Tensor& w, const at::Tensor& y, const at::Tensor& b,
-                                  const at::Tensor& cy, const at::Tensor& rs, bool storage16) {
+                                  const at::Tensor& cy, const at::Tensor& rs) {
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
-  check_storage16_supported(y, "y", storage16);
-  check_features(y, "y", n, rowptr, storage16);
+  check_features(y, "y", n, rowptr, /*storage_ok=*/true);
   const at::Tensor& like = is_storage16(y) ? w : y;
   check_compute_dtype(like, "w");
-  check_storage16_supported(b, "b", storage16);
-  check_values(b, "b", y.sizes(), like, rowptr, storage16);
+  check_values(b, "b", y.sizes(), like, rowptr, /*storage_ok=*/true);
   check_values(w, "w", {col.numel()}, like, rowptr);
   check_values(cy, "cy", {n}, like, rowptr);
   check_values(rs, "rs", {n}, like, rowptr);
   return n;
 }
 
-// storage16: z, v, p and q may be stored in 16 bits (then a holds the compute dtype, that of
-// the gradients).
+// z, v, p and q may be stored in 16 bits (then a holds the compute dtype, that of the
+// gradients).
 inline Transposed check_neural_weight_grad_args(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, const OptTensor& t_rowptr,
-    const OptTensor& t_col, const OptTensor& t_perm, bool storage16) {
+    const OptTensor& t_col, const OptTensor& t_perm) {
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
-  check_storage16_supported(z, "z", storage16);
-  check_features(z, "z", n, rowptr, storage16);
+  check_features(z, "z", n, rowptr, /*storage_ok=*/true);
   const at::Tensor& like = is_storage16(z) ? a : z;
   check_compute_dtype(like, "a");
-  check_storage16_supported(v, "v", storage16);
-  check_storage16_supported(p, "p", storage16);
-  check_storage16_supported(q, "q", storage16);
-  check_values(v, "v", z.sizes(), like, rowptr, storage16);
-  check_features(p, "p", n, rowptr, storage16);
-  check_values(q, "q", p.sizes(), like, rowptr, storage16);
-  check_values(p, "p", q.sizes(), like, rowptr, storage16);
+  check_values(v, "v", z.sizes(), like, rowptr, /*storage_ok=*/true);
+  check_features(p, "p", n, rowptr, /*storage_ok=*/true);
+  check_values(q, "q", p.sizes(), like, rowptr, /*storage_ok=*/true);
+  check_values(p, "p", q.sizes(), like, rowptr, /*storage_ok=*/true);
   check_values(a, "a", {col.numel()}, like, rowptr);
   return transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
 }

@@ -4,10 +4,6 @@
 //
 //   class Passes {
 //     explicit Passes(const at::Tensor& like);  // on like's device (a GPU: guard and stream)
-//     // Whether row_pass takes y (and out) and weight_grads z, v (and the projections p, q)
-//     // stored in bfloat16 or float16, the other tensors in the compute dtype (float32 or
-//     // float64; checks.h, is_storage16); edge_weights then takes 16-bit p, q too.
-//     static constexpr bool kStorage16;
 //
 //     using Csr = ...;       // a CSR as the kernels read it, made by csr()
 //     using Residual = ...;  // the bookkeeping of a solve, below
@@ -24,14 +20,16 @@
 //     // z.current and records the step in the residual.
 //     void fused_step(const Csr&, const NeuralEdges&, at::Tensor& w, at::Tensor& kappa,
 //                     const NeuralStep&, const Iterates& z, int64_t t, Residual&) const;
-//     // The row pass (the op csr_fma), RowMap.
+//     // The row pass (the op csr_fma), RowMap. y and out may be stored in bfloat16 or float16
+//     // when the compute dtype (w's) is float32 (csrc/ops/storage.h).
 //     void row_pass(const Csr&, const RowMap&, const at::Tensor& y, const at::Tensor& out) const;
 //     // The row pass of a solve: its run(y, t) writes y.next from y.current and records the
 //     // step in the residual it was made with.
 //     RowStep row_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;
 //     // The gradient pass: dl/dp, dl/dq of the neural edge weights over the CSR, and over the
 //     // transposed CSR t_csr (directed graphs; t_a: the edge values in its order) unless it
-//     // is null (a symmetric graph).
+//     // is null (a symmetric graph). A formed dl/dW's z and v may be stored in one 16-bit
+//     // dtype when the compute dtype is float32 (storage.h); p and q are in the compute dtype.
 //     void weight_grads(const Csr&, const Csr* t_csr, const NeuralEdges&, const at::Tensor& t_a,
 //                       const EdgeGradient&, at::Tensor& grad_p, at::Tensor& grad_q) const;
 //

@@ -9,14 +9,16 @@ without returning to Python. On the CPU it is faster than the solvers' loop over
 (bench/test_cpu_speed.py measures the layer on it); on a GPU it launches from C++ and keeps
 the convergence test on the device.
 
-16-bit storage (``storage_dtype``): the CPU kernels' row pass takes y in bfloat16 or float16
-and writes its output there (rounded to nearest even), the gradient pass gathers z and v in
-16 bits, each load widened to float32 where every sum runs (csrc/cpu/passes_impl.h, "16-bit
-storage"); p and q in 16 bits are widened once per pass. A solve with 16-bit iterates runs
-the solvers' loop over these passes, not the fused loop. On cornell5 (one thread) a bfloat16
-cached sweep takes about half the time of a float32 one: the gathers of neighbour rows move
-half the bytes (bench/storage_dtype_cpu.py). The CUDA kernels have no 16-bit storage (the
-``triton`` backend has it on the GPU): their ops raise on 16-bit iterates.
+16-bit storage (``storage_dtype``), in both: the row pass takes y in bfloat16 or float16 and
+writes its output there (rounded to nearest even, as torch's ``.to()`` on the same device),
+the gradient pass gathers z and v in 16 bits, each load widened to float32 where every sum
+runs (csrc/cpu/passes_impl.h, "16-bit storage"; csrc/cuda/launch.h); b, p and q in 16 bits
+are widened once per pass (csrc/ops/storage.h, written once for both). A solve with 16-bit
+iterates runs the solvers' loop over these passes, not the fused loop. On cornell5 (one CPU
+thread) a bfloat16 cached sweep takes 0.75 of a float32 one: the gathers of neighbour rows
+move half the bytes (bench/results/cpu_cornell5_storage16.json). The CUDA kernels' 16-bit
+passes have been verified in the kernels' host emulator only (tests/test_cuda_emulated.py),
+not yet timed on a GPU (bench/test_gpu_speed.py::test_storage_dtype_step).
 """
 import torch
 
@@ -43,4 +45,5 @@ CUDA = Backend(name="cuda",
                available=lambda device: device.type == "cuda" and _cuda_built()
                and torch.cuda.is_available(),
                neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-               gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED)
+               gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
+               storage_dtypes=STORAGE_DTYPES)

@@ -337,8 +337,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
       every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa, chi, the row
       coefficients and the convergence norms stay wide, and z and the gradients come back in
       x's dtype. Fixed point only, on a backend that
-      supports it (:func:`dignn_kernels.backends.storage_backends`: ``"cpu"``, ``"triton"``
-      and ``"torch"``); with ``backend=None`` the first of them available on x's device.
+      supports it (:func:`dignn_kernels.backends.storage_backends`: all four built in); with
+      ``backend=None`` the first of them available on x's device.
 
     The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
     once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual

@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "default none)")
     over.add_argument("--storage-dtype", choices=["bfloat16", "float16"], default=None,
                       help="store the implicit layer's iterates in 16 bits, sums in float32 "
-                           "(fixed_point solver; backend cpu, triton or torch, auto picks one)")
+                           "(fixed_point solver; every backend)")
     over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                            "(--no-spectral-norm turns off what a preset turns on)")
