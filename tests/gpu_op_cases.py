@@ -208,3 +208,7 @@ def check_storage16(run, inputs, storage_dtype, grad_tol=0.0, context=""):
                    v.float(), s.eps, *t)
         assert close(got, wide, grad_tol), context
         assert close(got, cpu_run("neural_weight_grad", *args16), 1e-5), context
+    other = torch.float16 if sd == torch.bfloat16 else torch.bfloat16
+    mixed = run("neural_weight_grad", rp, cl, s.a, p, q, z, v.to(other), s.eps, *s.t_opt)
+    assert close(mixed, run("neural_weight_grad", rp, cl, s.a, p.float(), q.float(), z.float(),
+                            v.to(other).float(), s.eps, *s.t_opt), 0.0), context  # widened

@@ -173,8 +173,8 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     neural = p is not None
     if fused is not None:
         grad_x, grad_chi, grad_p, grad_q, stats = fused.backward(
-            rowptr, col, edge_value, w if neural else edge_value, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z,
-            grad_z.contiguous(), mu, eps, max_iter, tol)
+            rowptr, col, edge_value, w if neural else edge_value, kappa, t_rowptr, t_col,
+            t_perm, x, chi, p, q, z, grad_z.contiguous(), mu, eps, max_iter, tol)
         return grad_x, grad_chi, grad_p, grad_q, _with_flag(stats, ~torch.isfinite(stats[1]))
     passes = get_backend(backend)
     system, _, _ = _system(passes, rowptr, col, edge_value, chi, p, q, kappa, mu, eps,
