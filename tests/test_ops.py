@@ -49,7 +49,6 @@ def test_opcheck_every_op(kind):
     w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
     z = torch.randn_like(x)
     v = torch.randn_like(x)
-    tw = w[t[2]]
     req = lambda *ts: [u.clone().requires_grad_() for u in ts]  # noqa: E731
     cases = {
         "neural_edge_weights": [(g.rowptr, g.col, a, p, q, 1e-6),
@@ -57,8 +56,12 @@ def test_opcheck_every_op(kind):
         "neural_edge_weights_backward": [(g.rowptr, g.col, a, p, q, 1e-6, torch.randn_like(w),
                                           *t)],
         "diffusion_step": [(g.rowptr, g.col, w, chi, kappa, x, z, 2.2)],
-        "csr_fma": [(g.rowptr, g.col, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
-        "neural_weight_grad": [(g.rowptr, g.col, a, p, q, z, v, 1e-6, *t)],
+        "csr_fma": [(g.rowptr, g.col, w, z, x, torch.randn_like(chi), torch.randn_like(chi)),
+                    (g.rowptr, g.col, w.float(), z.bfloat16(), x.float(),  # 16-bit storage
+                     torch.randn_like(chi).float(), torch.randn_like(chi).float())],
+        "neural_weight_grad": [(g.rowptr, g.col, a, p, q, z, v, 1e-6, *t),
+                               (g.rowptr, g.col, a.float(), p.float(), q.float(), z.half(),
+                                v.half(), 1e-6, *t)],
         "implicit_diffusion": [  # the fused solve: differentiable through implicit_solve
             (g.rowptr, g.col, a, x, chi, p, q, None, 3.0, 1e-6, 8, 1e-8, *t),
             (g.rowptr, g.col, w, x, chi, None, None, kappa, 3.0, 1e-6, 8, 1e-8)],
