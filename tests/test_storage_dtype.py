@@ -327,6 +327,56 @@ for sd in (torch.bfloat16, torch.float16):
         assert same_bits(out64, wide64), (sd, d)  # float64 compute: the output rounded once
         checked += 1
 print("checked", checked)
+
+# Every 16-bit pattern as an input (NaNs, infinities, the largest finite values, subnormals,
+# -0), through the vector loads (d = 64) and the scalar tail (d = 67). On a graph without
+# edges out_i = b_i + cy_i y_i + rs_i 0 reads each value alone (no NaN spreads through a
+# row's sum): b = -0, cy = 1, rs = -1 give y back (-0 + y + -0 = y, zeros' signs included);
+# random b (the special values among them), cy and rs round, as torch's conversions do.
+patterns = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+every_pattern = 0
+for d in (64, 67):
+    n_all = -(-2 ** 16 // d)
+    edgeless = dk.build_graph(torch.empty(2, 0, dtype=torch.long), n_all)
+    csr = (edgeless.rowptr, edgeless.col, torch.zeros(0))
+    for sd in (torch.bfloat16, torch.float16):
+        y = torch.cat([patterns, patterns[:n_all * d - 2 ** 16]]).view(sd).reshape(n_all, d)
+        out = ops.csr_fma(*csr, y, torch.full((n_all, d), -0.0), torch.ones(n_all),
+                          -torch.ones(n_all))
+        assert out.dtype == sd and same_bits(out, y), (sd, d)
+        b = torch.where(torch.rand(n_all, d, generator=g) < 0.3,
+                        special[torch.randint(0, len(special), (n_all, d), generator=g)],
+                        torch.randn(n_all, d, generator=g))
+        cy, rs = torch.randn(n_all, generator=g), torch.randn(n_all, generator=g)
+        out = ops.csr_fma(*csr, y, b, cy, rs)
+        assert same_bits(out, ops.csr_fma(*csr, y.float(), b, cy, rs).to(sd)), (sd, d)
+        every_pattern += 1
+print("every 16-bit pattern", every_pattern)
+
+boundaries = 0
+# The float32 values where the store's rounding decides: the midpoints of neighbouring finite
+# 16-bit values (ties: to the even one; the last one, above the largest, rounds to inf), a
+# float32 step either side of each, both signs, and 2^16 float32 bit patterns at random (every
+# exponent, float32 subnormals, NaN payloads). cy = 0: the pass stores b + 0.
+for sd, finite in ((torch.float16, 0x7c00), (torch.bfloat16, 0x7f80)):
+    pos = patterns[:finite].view(sd).float()  # 0 and the positive finite values, ascending
+    step = pos[1:] - pos[:-1]
+    mid = pos + torch.cat([step, step[-1:]]) / 2  # exact: one bit more than the 16-bit value
+    near = torch.cat([mid, mid.nextafter(torch.tensor(0.0)),
+                      mid.nextafter(torch.tensor(float("inf")))])
+    values = torch.cat([near, -near, torch.randint(-2 ** 31, 2 ** 31, (2 ** 16,), generator=g,
+                                                   dtype=torch.int32).view(torch.float32)])
+    d = 64
+    n_all = -(-len(values) // d)
+    edgeless = dk.build_graph(torch.empty(2, 0, dtype=torch.long), n_all)
+    csr = (edgeless.rowptr, edgeless.col, torch.zeros(0))
+    b = torch.cat([values, torch.zeros(n_all * d - len(values))]).reshape(n_all, d)
+    y, zero, one = torch.zeros(n_all, d, dtype=sd), torch.zeros(n_all), torch.ones(n_all)
+    out = ops.csr_fma(*csr, y, b, zero, one)
+    assert same_bits(out, ops.csr_fma(*csr, y.float(), b, zero, one).to(sd)), sd
+    assert not (out.flatten()[:len(mid)].view(torch.int16) & 1).any(), sd  # ties to even
+    boundaries += 1
+print("rounding boundaries", boundaries)
 """
 
 
@@ -336,7 +386,8 @@ def test_cpu_passes_take_16bit_in_every_build(tmp_path):
     ran = run_per_instruction_set(CPU_PASSES_SCRIPT, tmp_path)
     for isa, proc in ran.items():
         assert proc.returncode == 0, (isa, proc.stderr[-3000:])
-        assert "checked 10" in proc.stdout, (isa, proc.stdout)
+        assert "checked 10" in proc.stdout and "every 16-bit pattern 4" in proc.stdout and \
+            "rounding boundaries 2" in proc.stdout, (isa, proc.stdout)
     x86 = platform.machine() in ("x86_64", "AMD64")
     assert "generic" in ran and (len(ran) >= 2 or not x86)
 

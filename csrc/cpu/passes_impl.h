@@ -196,21 +196,85 @@ inline void store_float16(void* p, FVec v) {
   _mm_storeu_si128(static_cast<__m128i*>(p),
                    _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-#else  // the baseline build: portable vector code; float16 lane by lane through c10::Half
-inline FVec load_bfloat16(const void* p) {
+#else  // the baseline build (SSE2 on x86-64, NEON on aarch64, any CPU): portable vector code
+// The vectors of 16-bit values at p as the high halves of 32-bit lanes (h << 16), where both
+// the bfloat16 and the float16 widening start. On a little-endian CPU, zero halves interleaved
+// with h are that: one instruction (SSE2 punpcklwd, NEON zip1). GCC lowers the plain
+// __builtin_convertvector(h, Words) << 16 to two loads, four shuffles and a shift under SSE2,
+// which made this build's cached sweep on cornell5 slower with bfloat16 iterates than with
+// float32 ones (bench/test_cpu_speed.py).
+inline Words high_halves(const void* p) {
   HalfWords h;
   __builtin_memcpy(&h, p, sizeof(h));
-  return (FVec)(__builtin_convertvector(h, Words) << 16);
+#if DIGNN_VEC_BYTES == 16 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && \
+    (defined(__clang__) || __GNUC__ >= 12)
+  return (Words)__builtin_shufflevector(HalfWords{}, h, 0, 4, 1, 5, 2, 6, 3, 7);
+#else
+  return __builtin_convertvector(h, Words) << 16;
+#endif
 }
+inline FVec load_bfloat16(const void* p) { return (FVec)high_halves(p); }
+
+// The float16 conversions, a vector at a time and bit for bit those of c10::Half's portable
+// code (c10::detail::fp16_ieee_to_fp32_value and fp16_ieee_from_fp32_value), which torch's
+// float16 <-> float32 conversions equal except for NaN payloads (tests/test_storage_dtype.py).
+// The load makes no subnormal float, the store only where c10's does (and its rounding then
+// ignores it): flush-to-zero and denormals-are-zero modes change neither (when written, both
+// were checked against c10 over all 2^16 halves and 2^32 floats, in both modes).
+
+// float16 -> float, exact. With the half (sign s, exponent field e, 10-bit mantissa m) in the
+// high half of w, ((w + w) >> 4) holds e and m where a float keeps its exponent field and the
+// top of its mantissa; as float bits, raised by 224 in the exponent field, they are
+// (1 + m 2^-10) 2^(e + 97), and times 2^-112, scaled = (1 + m 2^-10) 2^(e - 15):
+//  - e = 1..30: the half's value, exactly;
+//  - e = 31: the exponent field is 255, so inf (m = 0) or a NaN, which the product keeps (a
+//    signalling NaN comes out quiet with its payload, as from c10 and the F16C conversion);
+//  - e = 0 (zero and subnormals, m 2^-24), told by scaled < 2^-14: the value is
+//    2 scaled - 2^-14 = m 2^-24, computed as scaled - (2^-14 - scaled), both steps exact (the
+//    first within a factor of 2, the second has a float result): a normal float, or +0. (c10
+//    builds it as (0.5 + m 2^-24) - 0.5 and selects; the same value.) Elsewhere scaled - 0,
+//    scaled itself, NaN included.
+// Then the sign goes back on.
 inline FVec load_float16(const void* p) {
-  const c10::Half* h = static_cast<const c10::Half*>(p);
-  FVec v;
-  for (int l = 0; l < kFloatLanes; ++l) v[l] = static_cast<float>(h[l]);
-  return v;
+  const Words w = high_halves(p);
+  const FVec scaled = (FVec)(((w + w) >> 4) + (224u << 23)) * 0x1p-112f;
+  const IVec e_is_0 = scaled < 0x1p-14f;
+  const FVec value = scaled - (FVec)(e_is_0 & (IVec)(0x1p-14f - scaled));
+  return (FVec)((Words)value | (w & 0x80000000u));
 }
+
+// float -> float16, rounded to nearest even by the floating-point adder. For |f| = (1 + x) 2^E
+// (0 <= x < 1) and c = 2^(max(E, -14) + 15), built by adding 15 to f's exponent field (raised
+// to that of 2^-14 first), the sum c + 4|f|:
+//  - E >= -14: lies in [2^(E+15), 2^(E+16)), where floats are 2^(E-8) apart: the adder rounds
+//    4|f| to a multiple of 2^(E-8), so |f| to one of 2^(E-10), the half's spacing at exponent
+//    E; ties to even, as c's bits below its exponent are 0. The sum's exponent field is
+//    E + 142, its mantissa field round((1 + x) 2^10) < 2^12. Its low 5 exponent bits,
+//    (E + 142) mod 32 = E + 14, shifted to the half's exponent field, plus that mantissa (whose
+//    2^10, the leading one, adds the missing 1 to the exponent, and whose carry when rounding
+//    up to 2^11 another) are the half's bits: (E + 15) << 10 plus its 10-bit mantissa. Rounding
+//    up from E = 15 carries into exponent 31 with mantissa 0, inf: 65520 and above.
+//  - E < -14 (half subnormals and anything smaller, float subnormals and 0): c = 2, the sum lies
+//    in [2, 4), floats 2^-22 apart: |f| rounds to a multiple of 2^-24, the half's subnormal
+//    spacing; the exponent field 128 gives 0 in the half's, the mantissa field round(|f| 2^24)
+//    is the subnormal half (or 2^10, the smallest normal one, when rounding up to it).
+//  - |f| >= 2^16, beyond every finite half, and inf: 4|f| is computed as (|f| 2^112) 2^-110, the
+//    first product inf; so is the sum (c, whose bits wrap into the sign for f's largest
+//    exponents, is never -inf or NaN), whose exponent bits give 31, mantissa 0: inf.
+//  - NaN: 0x7e00, the quiet NaN, with the sign (the payload is dropped, as c10 does).
 inline void store_float16(void* p, FVec v) {
-  c10::Half* h = static_cast<c10::Half*>(p);
-  for (int l = 0; l < kFloatLanes; ++l) h[l] = c10::Half(v[l]);
+  const Words w = (Words)v;
+  const Words abs_bits = w & 0x7fffffffu;
+  const FVec four_abs = ((FVec)abs_bits * 0x1p112f) * 0x1p-110f;
+  const IVec field = (IVec)(w & 0x7f800000u);
+  const IVec lowest = IVec{} + (113 << 23);  // the exponent field of 2^-14
+  const FVec c = (FVec)((Words)(field < lowest ? lowest : field) + (15u << 23));
+  const Words sum = (Words)(c + four_abs);
+  const Words rounded = ((sum >> 13) & 0x7c00u) + (sum & 0xfffu);
+  const Words is_nan = (Words)((IVec)abs_bits > 0x7f800000);
+  const Words bits = ((w >> 16) & 0x8000u) | (is_nan ? Words{} + 0x7e00u : rounded);
+  const HalfWords h = __builtin_convertvector(bits, HalfWords);
+  __builtin_memcpy(p, &h, sizeof(h));
 }
 #endif
 
@@ -236,8 +300,8 @@ struct Stored<c10::BFloat16> {
   static inline void store_one(S* p, float v) { *p = c10::BFloat16(v); }
 };
 
-// float16: the F16C / AVX-512 conversions (round to nearest even), c10::Half elsewhere and
-// for single values (torch's own conversion).
+// float16: the F16C / AVX-512 conversions (round to nearest even), the baseline build's vector
+// code (c10::Half's results) elsewhere, and c10::Half for single values (torch's own).
 template <>
 struct Stored<c10::Half> {
   using T = float;
