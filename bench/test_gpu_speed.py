@@ -27,6 +27,8 @@ model below, and the peak GPU memory of one step (torch.cuda.max_memory_allocate
 test_cached_iteration measures the device's device-to-device copy bandwidth, the cached-
 weight iteration alone and the gather floor on the same graph and features (a kernel that only
 gathers the neighbour rows, bench/gather_floor.py; goal: the iteration within 1.3x of it);
+test_cached_sweep_storage times one cached row pass per backend with float32 and bfloat16
+iterates, each beside the gather floor in its dtype (goal: cuda at most triton's time);
 test_kernel_times profiles the training step above (cornell5 and the Penn94-shaped graph, cuda
 and triton backends) with torch.profiler and sums the device time and the launches per kernel
 role (bench/kernel_times.py: cached row pass, neural row pass, gradient pass, heavy-row combine,
@@ -248,6 +250,42 @@ def test_cached_iteration(benchmark, graph_name):
                 unique_fraction_of_copy=unique / (per_iter_ms * 1e-3) / bw)
     benchmark.extra_info.update(info)
     CACHED[graph_name] = info
+
+
+SWEEPS = {}  # (graph, backend, storage variant) -> one cached sweep and its gather floor
+
+
+@pytest.mark.parametrize("storage", STORAGE_VARIANTS)
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
+def test_cached_sweep_storage(benchmark, graph_name, backend, storage):
+    """One cached row pass (dignn_kernels.ops.csr_fma: the sweep a solve with 16-bit storage
+    repeats) with y in float32 or bfloat16, per backend, and the gather floor of the same rows
+    in the same dtype (bench/gather_floor.py): how much of 16-bit storage's gain each
+    backend's kernel keeps, kernel by kernel."""
+    if backend not in dk.available_backends(device()):
+        pytest.skip(f"backend {backend!r} not available")
+    from dignn_kernels import ops
+    ei, n, _ = load_graph(graph_name)
+    graph = dk.cached_graph(ei, n)
+    w = graph.fixed_laplacian("rw", torch.float32)[0]
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+    y = x if storage == "float32" else x.to(getattr(torch, storage))
+    cy, rs = torch.full((n,), -0.5, device=device()), torch.full((n,), 0.5, device=device())
+
+    def sweep():
+        return ops.csr_fma(graph.rowptr, graph.col, w, y, x, cy, rs, backend=backend,
+                           trusted=True)
+
+    assert sweep().dtype == y.dtype
+    sweep_ms = _event_ms(sweep, 20)
+    benchmark.pedantic(lambda: (sweep(), torch.cuda.synchronize()), rounds=5, iterations=1)
+    floor_ms = gather_floor_ms(graph.col, y)
+    info = dict(sweep_ms=sweep_ms, gather_floor_ms=floor_ms,
+                over_gather_floor=sweep_ms / floor_ms if floor_ms else None)
+    benchmark.extra_info.update(info)
+    SWEEPS[(graph_name, backend, storage)] = info
 
 
 CG_SWEEPS = {}  # (graph, backend) -> per-sweep ms of the fixed point and of cg
@@ -476,6 +514,17 @@ def test_summary():
             table, kernel_checks = _kernel_time_lines(g)
             lines += table
             checks += kernel_checks
+    for (g, b, v), c in SWEEPS.items():
+        floor = f", gather floor {c['gather_floor_ms'] * 1e3:.0f} us" \
+            if c["gather_floor_ms"] else ""
+        lines.append(f"{g} {b} cached sweep, {v} iterates: {c['sweep_ms'] * 1e3:.0f} us{floor}")
+    for g in GOAL_GRAPHS:
+        for v in STORAGE_VARIANTS:
+            if (g, "cuda", v) in SWEEPS and (g, "triton", v) in SWEEPS:
+                checks.append(_ratio_line(
+                    f"{g} cached sweep, {v} iterates, cuda over triton",
+                    SWEEPS[(g, "cuda", v)]["sweep_ms"] / SWEEPS[(g, "triton", v)]["sweep_ms"],
+                    1.0, higher_is_better=False))
     for b in ("cuda", "triton"):
         if not all((b, v) in STORAGE for v in STORAGE_VARIANTS):
             continue
