@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "cpu/passes_common.h"
-#include "ops/checks.h"
+#include "ops/storage.h"
 
 namespace dignn {
 namespace cpu {
@@ -134,13 +134,7 @@ StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
       }();
     });
   };
-  if (is_storage16(y)) {  // float32 compute (csrc/ops/storage.h)
-    TORCH_INTERNAL_ASSERT(compute == at::kFloat, "16-bit iterates with ", compute, " compute");
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(y.scalar_type(), "row_pass",
-                                       [&] { run(float{}, scalar_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES(compute, "row_pass", [&] { run(scalar_t{}, scalar_t{}); });
-  }
+  ops::dispatch_stored(compute, y.scalar_type(), "row_pass", run);
   return norms;
 }
 
@@ -148,9 +142,6 @@ void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
                const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
                at::Tensor& grad_q) {
   const at::ScalarType compute = edges.a.scalar_type();
-  // z and v in one 16-bit dtype with float32 compute (csrc/ops/storage.h), or in the compute
-  // dtype
-  const bool stored = !grad.given() && is_storage16(grad.z);
   const at::Tensor none;
   const at::Tensor& t_rowptr = t_csr != nullptr ? t_csr->rowptr : none;
   const at::Tensor& t_col = t_csr != nullptr ? t_csr->col : none;
@@ -172,12 +163,9 @@ void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
       }();
     });
   };
-  if (stored) {
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(grad.z.scalar_type(), "grad_pass",
-                                       [&] { run(float{}, scalar_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES(compute, "grad_pass", [&] { run(scalar_t{}, scalar_t{}); });
-  }
+  // z and v in the compute dtype, or in one 16-bit dtype (csrc/ops/storage.h)
+  ops::dispatch_stored(compute, grad.given() ? compute : grad.z.scalar_type(), "grad_pass",
+                       run);
 }
 
 }  // namespace cpu

@@ -243,15 +243,8 @@ class DevicePasses {
       A.plan = plan;
       check_status(launch_grad_pass<T, S>(A, stream()), "grad_pass");
     };
-    if (formed && grad.z.scalar_type() != p.scalar_type()) {
-      TORCH_INTERNAL_ASSERT(p.scalar_type() == at::kFloat, "gradient pass of ",
-                            grad.z.scalar_type(), " z, v with ", p.scalar_type(), " compute");
-      AT_DISPATCH_REDUCED_FLOATING_TYPES(grad.z.scalar_type(), "grad_pass",
-                                         [&] { run(float{}, scalar_t{}); });
-    } else {
-      AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "grad_pass",
-                                 [&] { run(scalar_t{}, scalar_t{}); });
-    }
+    ops::dispatch_stored(p.scalar_type(), formed ? grad.z.scalar_type() : p.scalar_type(),
+                         "grad_pass", run);
   }
 
   DeviceScope scope_;

@@ -13,6 +13,7 @@
 #include "cuda/device_scope.h"
 #include "cuda/launch.h"
 #include "ops/passes.h"
+#include "ops/storage.h"
 
 namespace dignn {
 namespace DIGNN_SIMT_NS {
@@ -48,19 +49,15 @@ class RowPass {
   // the compute dtype, or (cached weights, float32 compute) both in one 16-bit dtype.
   void run(const at::Tensor& y, const at::Tensor& out, simt::Stream stream) const {
     if (csr_.n == 0) return;
-    if (y.defined() && y.scalar_type() != dtype_) {
-      TORCH_INTERNAL_ASSERT(dtype_ == at::kFloat && !neural_, "row pass of ", y.scalar_type(),
-                            " iterates with ", dtype_, " compute");
-      AT_DISPATCH_REDUCED_FLOATING_TYPES(y.scalar_type(), "row_pass", [&] {
-        check_status(launch_row_pass<float, scalar_t>(args<float, scalar_t>(y, out), stream),
-                     "row_pass");
-      });
-      return;
-    }
-    AT_DISPATCH_FLOATING_TYPES(dtype_, "row_pass", [&] {
-      check_status(launch_row_pass<scalar_t, scalar_t>(args<scalar_t, scalar_t>(y, out), stream),
-                   "row_pass");
-    });
+    TORCH_INTERNAL_ASSERT(!neural_ || !y.defined() || y.scalar_type() == dtype_,
+                          "neural row pass of ", y.scalar_type(), " iterates");
+    ops::dispatch_stored(dtype_, y.defined() ? y.scalar_type() : dtype_, "row_pass",
+                         [&](auto compute_tag, auto storage_tag) {
+                           using T = decltype(compute_tag);
+                           using S = decltype(storage_tag);
+                           check_status(launch_row_pass<T, S>(args<T, S>(y, out), stream),
+                                        "row_pass");
+                         });
   }
 
   // The solve's stats and flag from this pass's norms, at iteration `iteration`.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 
 #include "ops/checks.h"
 #include "ops/passes.h"
@@ -59,6 +60,24 @@ inline EdgeGradient stored_edge_gradient(const EdgeGradient& grad, at::ScalarTyp
                       grad.v.scalar_type() == grad.z.scalar_type();
   if (stored) return grad;
   return EdgeGradient::from_adjoint(widened(grad.z, compute), widened(grad.v, compute));
+}
+
+// Calls fn(compute_tag, storage_tag), default-constructed values of the C++ types of a pass's
+// compute dtype and of the dtype its iterates are stored in: (float or double, the same), or
+// (float, c10::BFloat16 or c10::Half). The kernels' dispatch, for every backend; `name` (the
+// pass) goes into the error of a combination that storage.h never hands on.
+template <typename Fn>
+void dispatch_stored(at::ScalarType compute, at::ScalarType storage, const char* name,
+                     const Fn& fn) {
+  if (storage == compute) {
+    AT_DISPATCH_FLOATING_TYPES(compute, "dispatch_stored",
+                               [&] { fn(scalar_t{}, scalar_t{}); });
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(compute == at::kFloat, name, ": ", storage, " iterates with ", compute,
+                        " compute (csrc/ops/storage.h widens them first)");
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(storage, "dispatch_stored",
+                                     [&] { fn(float{}, scalar_t{}); });
 }
 
 }  // namespace ops
