@@ -73,8 +73,8 @@ class FusedImplicitDiffusion(nn.Module):
             edge weights, chi, kappa and the convergence norms stay wide and the output and
             the gradients come back in the compute dtype (within about 5e-3 of float32 for
             bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`).
-            ``solver="fixed_point"`` only; backends ``"cpu"``, ``"triton"`` and ``"torch"``
-            (``"auto"`` picks the CPU kernels on the CPU, Triton on a GPU).
+            ``solver="fixed_point"`` only; every backend (``"auto"`` picks as without
+            storage).
         reorder: renumber the nodes for memory locality when the graph is preprocessed:
             ``"none"`` (default), ``"rcm"`` (reverse Cuthill-McKee), ``"degree"``,
             ``"community"`` (label propagation) or ``"auto"`` (the order of lowest locality
