@@ -4,10 +4,11 @@ Speed: one training step of FusedImplicitDiffusion (forward + backward, h = d = 
 iterations, tol = 0) on cornell5 (18,660 nodes, 1,581,554 CSR entries), one intra-op thread,
 storage float32 / bfloat16 / float16 interleaved round by round (the machine is shared: the
 load average is recorded; the minimum over the rounds is the least disturbed), on two
-backends: the compiled CPU kernels (``cpu``: float32 runs their fused C++ loop, 16-bit storage
-the solvers' loop over their passes, which load 16-bit iterates and sum in float32) and the
-plain-PyTorch backend (``torch``). The relative differences of Z and of every gradient
-against the float32 step of the same run are recorded too.
+backends: the compiled CPU kernels (``cpu``: every storage runs their fused C++ loop, whose
+passes load 16-bit iterates and sum in float32; the 16-bit steps are timed through the
+solvers' Python loop over the same passes too, ``*_solvers_loop``, which gives the same
+results) and the plain-PyTorch backend (``torch``). The relative differences of Z and of
+every gradient against the float32 step of the same run are recorded too.
 
 Accuracy design check (random graphs, n = 1000, d = h = 64, neural Laplacian, two losses):
 the implementation (iterates and adjoints 16-bit, last iteration wide, p and q kept in the
@@ -20,6 +21,7 @@ the last iteration rounded like the others.
 The parts named on the command line (default: all) are run and replace those keys of an
 existing result file; the others are kept.
 """
+import dataclasses
 import json
 import os
 import statistics
@@ -41,6 +43,8 @@ CHANNELS = 64
 ITERS = 10
 ROUNDS = 7
 STORAGE = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The compiled backend's 16-bit steps through the solvers' loop (its fused loop taken away).
+SOLVERS_LOOP = {"bfloat16_solvers_loop": torch.bfloat16, "float16_solvers_loop": torch.float16}
 
 
 def rel(a, b):
@@ -62,20 +66,31 @@ def speed(backend):
     edge_index, n = load_facebook100("cornell5")
     torch.manual_seed(0)
     x = torch.randn(n, CHANNELS)
+    variants = dict(STORAGE, **(SOLVERS_LOOP if backend == "cpu" else {}))
     layers = {}
-    for name, dtype in STORAGE.items():
+    for name, dtype in variants.items():
         torch.manual_seed(0)
         layers[name] = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
                                                  backend=backend, storage_dtype=dtype)
-    outputs = {name: step_outputs(layer, x, edge_index) for name, layer in layers.items()}
-    times = {name: [] for name in STORAGE}
+    fused = backends._REGISTRY[backend]
+    solvers_loop = dataclasses.replace(fused, fused_solve=None)
+
+    def step(name):
+        backends._REGISTRY[backend] = solvers_loop if name in SOLVERS_LOOP else fused
+        try:
+            return step_outputs(layers[name], x, edge_index)
+        finally:
+            backends._REGISTRY[backend] = fused
+
+    outputs = {name: step(name) for name in variants}
+    times = {name: [] for name in variants}
     for _ in range(ROUNDS):
-        for name, layer in layers.items():
+        for name in variants:
             start = time.perf_counter()
-            step_outputs(layer, x, edge_index)
+            step(name)
             times[name].append(time.perf_counter() - start)
     result = {}
-    for name in STORAGE:
+    for name in variants:
         ms = statistics.median(times[name]) * 1e3
         result[name] = {"ms_per_step_median": round(ms, 1),
                         "ms_per_step_min": round(min(times[name]) * 1e3, 1),
@@ -85,11 +100,20 @@ def speed(backend):
                         "relative_difference_to_float32": {
                             k: float(f"{rel(v, outputs['float32'][k]):.3g}")
                             for k, v in outputs[name].items()}}
-    for name in ("bfloat16", "float16"):
+    for name in variants:
+        if name == "float32":
+            continue
         for stat in ("median", "min"):
             result[name][f"speedup_over_float32_{stat}"] = round(
                 result["float32"][f"ms_per_step_{stat}"] / result[name][f"ms_per_step_{stat}"],
                 3)
+    for name, dtype in SOLVERS_LOOP.items():
+        if name in result:  # the fused loop's 16-bit step against the solvers' loop's
+            fused_name = str(dtype).split(".")[1]
+            result[fused_name]["speedup_over_solvers_loop_median"] = round(
+                result[name]["ms_per_step_median"] / result[fused_name]["ms_per_step_median"], 3)
+            result[fused_name]["equal_to_solvers_loop"] = all(
+                torch.equal(outputs[fused_name][k], outputs[name][k]) for k in outputs[name])
     return {"graph": "cornell5", "nodes": n, "csr_entries": dk.cached_graph(edge_index,
                                                                              n).num_edges,
             "backend": backend, "threads": torch.get_num_threads(), "rounds": ROUNDS,

@@ -352,7 +352,8 @@ def products_sized_graph():
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_storage_dtype_step(benchmark, backend, storage):
     """One training step (forward + backward, h = d = 64, 10 + 10 iterations) on the
-    products-sized graph, float32 storage against bfloat16 storage."""
+    products-sized graph, float32 storage against bfloat16 storage (cuda: both in its fused
+    C++ loop; triton: the solvers' loop over its passes)."""
     if backend not in dk.available_backends(device()):
         pytest.skip(f"backend {backend!r} is not available in this build")
     ei, n = products_sized_graph()

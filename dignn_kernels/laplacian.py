@@ -41,7 +41,10 @@ def row_coefficients(chi: Tensor, kappa: Tensor, mu: float) -> Tuple[Tensor, Ten
     """(cy, ca) of the fixed-point map Z <- X + cy.Z + ca.(W Z) (eq. iter, Delta = C^-1 (K - W)):
     ca = 1/(mu chi), cy = -kappa ca, both 0 on guard rows."""
     diffuses = ~guard_rows(chi)
-    ca = torch.where(diffuses, (1.0 / mu) / torch.where(diffuses, chi, torch.ones_like(chi)),
+    # 1/mu rounded to chi's dtype, then divided (not a reciprocal of chi times 1/mu, which
+    # torch makes of `scalar / tensor`): the compiled kernels' row_coefficients to the bit
+    inv_mu = torch.full_like(chi, 1.0 / mu)
+    ca = torch.where(diffuses, inv_mu / torch.where(diffuses, chi, torch.ones_like(chi)),
                      torch.zeros_like(chi))
     return -kappa * ca, ca
 

@@ -88,8 +88,9 @@ class FusedImplicitDiffusion(nn.Module):
     :class:`~dignn_kernels.distributed.DistributedGraph` (one rank's piece of a partitioned
     graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed
     graph is cached while the same tensors are passed again. Rows whose chi is 0 (isolated
-    nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and ``residual`` describe its solve and
-    ``solver_used`` names the solver that ran; after a backward, ``backward_iterations`` and
+    nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and
+    ``residual`` describe its solve and ``solver_used`` names the solver that ran; after a
+    backward, ``backward_iterations`` and
     ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
     lambda_max(Delta)) gives a :class:`dignn_kernels.solvers.DivergenceWarning`.
     """

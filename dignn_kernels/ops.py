@@ -145,7 +145,7 @@ def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
 
 @torch.library.register_fake("dignn::implicit_diffusion")
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr=None,
-      t_col=None, t_perm=None):
+      t_col=None, t_perm=None, storage_dtype=None):
     stats = torch.empty(3, dtype=torch.float64, device=x.device)
     return (torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr)),
             stats)
@@ -153,7 +153,7 @@ def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_ro
 
 @torch.library.register_fake("dignn::implicit_diffusion_backward")
 def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z, grad_z, mu,
-      eps, max_iter, tol):
+      eps, max_iter, tol, storage_dtype=None):
     grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
     grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
     return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,

@@ -61,8 +61,9 @@ class OpInputs:
         self.w, self.kappa = torch.ops.dignn.neural_edge_weights(self.rowptr, self.col, self.a,
                                                                  self.p, self.q, self.eps)
 
-    def calls(self, max_iter=8, tol=0.0):
-        """(op name, args) for every op, with the variants that take other kernel paths."""
+    def calls(self, max_iter=8, tol=0.0, storage=None):
+        """(op name, args) for every op, with the variants that take other kernel paths
+        (``storage``: the solves' storage_dtype)."""
         s = self
         rp, cl, t, to = s.rowptr, s.col, s.t, s.t_opt
         solve = (s.mu, s.eps, max_iter, tol)
@@ -75,14 +76,16 @@ class OpInputs:
             ("diffusion_step", (rp, cl, s.w, s.chi, s.kappa, s.x, s.z, s.mu)),
             ("csr_fma", (rp, cl, s.w, s.z, s.x, s.cy, s.rs)),
             ("neural_weight_grad", (rp, cl, s.a, s.p, s.q, s.z, s.v, s.eps, *to)),
-            ("implicit_diffusion", (rp, cl, s.a, s.x, s.chi, s.p, s.q, None, *solve, *to)),
+            ("implicit_diffusion", (rp, cl, s.a, s.x, s.chi, s.p, s.q, None, *solve, *to,
+                                    storage)),
             ("implicit_diffusion", (rp, cl, w_sym, s.x, s.chi, None, None, kappa_sym, *solve,
-                                    *to)),
-            ("implicit_diffusion", (rp, cl, s.w, s.x, s.chi, None, None, s.kappa, *solve, *to)),
+                                    *to, storage)),
+            ("implicit_diffusion", (rp, cl, s.w, s.x, s.chi, None, None, s.kappa, *solve, *to,
+                                    storage)),
             ("implicit_diffusion_backward", (rp, cl, s.a, s.w, s.kappa, *to, s.x, s.chi, s.p,
-                                             s.q, z_star, s.g, *solve)),
+                                             s.q, z_star, s.g, *solve, storage)),
             ("implicit_diffusion_backward", (rp, cl, s.w, s.w, s.kappa, *to, s.x, s.chi, None,
-                                             None, z_star, s.g, *solve)),
+                                             None, z_star, s.g, *solve, storage)),
         ]
         if s.symmetric:  # the transposed path of the gradient pass on a symmetric graph too
             out.append(("neural_weight_grad", (rp, cl, s.a, s.p, s.q, s.z, s.v, s.eps, *t)))
@@ -212,3 +215,33 @@ def check_storage16(run, inputs, storage_dtype, grad_tol=0.0, context=""):
     mixed = run("neural_weight_grad", rp, cl, s.a, p, q, z, v.to(other), s.eps, *s.t_opt)
     assert close(mixed, run("neural_weight_grad", rp, cl, s.a, p.float(), q.float(), z.float(),
                             v.to(other).float(), s.eps, *s.t_opt), 0.0), context  # widened
+
+
+def check_fused_storage16(run, inputs, storage_dtype, context=""):
+    """The fused solves with 16-bit iterates (csrc/ops/solve.h) of a GPU implementation
+    (``run``) against the CPU kernels' on float32 ``inputs``: forward (neural and fixed
+    weights) and backward, with a fixed number of iterations, with two (no stored sweep) and
+    stopping early (where the device flag decides, and the wide last iteration is counted after
+    the one that converged: launch_finalize_step). The same iteration counts; z, the weights and
+    the gradients in float32, within a rounding of the storage dtype (the float32 sums differ
+    in order, so a rounding may flip), and not equal to the float32 solve's."""
+    s = inputs
+    assert s.x.dtype == torch.float32
+    tol16 = torch.finfo(storage_dtype).eps
+    for max_iter, tol in ((6, 0.0), (2, 0.0), (80, 1e-2)):
+        for name, args in s.calls(max_iter, tol, storage=storage_dtype):
+            if not name.startswith("implicit_diffusion"):
+                continue
+            where = f"{context} {name} max_iter={max_iter} tol={tol}"
+            got, want = run(name, *args), cpu_run(name, *args)
+            assert [(a.dtype, a.shape) for a in got] == [(b.dtype, b.shape) for b in want], where
+            assert all(a.dtype == s.x.dtype for a in got[:-1]), where
+            *values, stats = got
+            assert stats[0] == want[-1][0], f"{where}: {stats.tolist()} {want[-1].tolist()}"
+            assert (stats[0] < max_iter) == (tol > 0), f"{where}: {stats.tolist()}"
+            assert abs(float(stats[2] - want[-1][2])) <= tol16 * float(want[-1][2]) + 1e-7, \
+                f"{where}: {stats.tolist()} {want[-1].tolist()}"
+            for k, (a, b) in enumerate(zip(values, want)):
+                assert torch.isfinite(a).all() and rel_err(a, b) <= tol16, (where, k)
+            float32 = cpu_run(name, *args[:-1], None)
+            assert rel_err(values[0], float32[0]) > 1e-7, where  # stored in 16 bits

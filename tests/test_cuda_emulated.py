@@ -17,11 +17,11 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import checks, ops
-from dignn_kernels.backends import FusedSolve, get_backend
+from dignn_kernels.backends import STORAGE_DTYPES, FusedSolve, get_backend
 from backend_faces import face
 from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, make_graph, make_layer, rel_err, thetas
-from gpu_op_cases import check_against_cpu, check_storage16, graph_case
+from gpu_op_cases import check_against_cpu, check_fused_storage16, check_storage16, graph_case
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -105,7 +105,7 @@ def test_unaligned_rows_use_scalar_channels(emu):
     assert x.data_ptr() % 16 != 0
     x.copy_(case.x)
     args = (case.rowptr, case.col, case.a, x, case.chi, case.p, case.q, None, 3.0, 1e-6, 2, 0.0,
-            None, None, None)
+            None, None, None, None)
     got = emu.implicit_diffusion(*args)
     want = torch.ops.dignn.implicit_diffusion(*args)
     for a, b in zip(got[:3], want[:3]):  # z, w, kappa
@@ -131,7 +131,7 @@ def test_zero_features_converge_at_once(emu):
     case = graph_case("symmetric")
     x = torch.zeros_like(case.x)
     args = (case.rowptr, case.col, case.a, x, case.chi, case.p, case.q, None, 3.0, 1e-6, 6, 0.0)
-    z, w, kappa, stats = emu.implicit_diffusion(*args, None, None, None)
+    z, w, kappa, stats = emu.implicit_diffusion(*args, None, None, None, None)
     zc, wc, kc, sc = torch.ops.dignn.implicit_diffusion(*args)
     assert torch.equal(z, zc) and torch.equal(stats, sc) and stats[0] == 1
     assert rel_err(w, wc) < 1e-14 and rel_err(kappa, kc) < 1e-14
@@ -154,7 +154,7 @@ def test_argument_errors(emu):
     case = graph_case("symmetric")
     with pytest.raises(RuntimeError, match="mu must be > 0"):
         emu.implicit_diffusion(case.rowptr, case.col, case.a, case.x, case.chi, case.p, case.q,
-                               None, 0.0, 1e-6, 5, 0.0, None, None, None)
+                               None, 0.0, 1e-6, 5, 0.0, None, None, None, None)
     with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
         emu.neural_weight_grad(case.rowptr, case.col, case.a, case.p, case.q, case.z, case.v,
                                1e-6, case.rowptr, None, None)
@@ -182,6 +182,21 @@ def test_16bit_storage(emu, kind, n, d, h, storage_dtype):
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind,n,d,h", [
+    ("symmetric", 24, 8, 4),
+    ("directed", 24, 6, 3),    # the adjoint over the transposed CSR
+    ("zero_rows", 24, 4, 4),
+    ("hub", 40, 8, 8),         # heavy rows: the norms of the combine kernel
+])
+def test_fused_solves_with_16bit_storage(emu, kind, n, d, h, storage_dtype):
+    """The fused forward and backward with 16-bit iterates on the emulated CUDA passes: the
+    CPU kernels' iteration counts (early stops on the device flag included) and values to a
+    16-bit rounding (gpu_op_cases.check_fused_storage16)."""
+    check_fused_storage16(runner(emu), graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
+                          storage_dtype, context=kind)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
 def test_16bit_rows_not_8_byte_aligned(emu, storage_dtype):
     """16-bit rows 2 bytes past an 8-byte boundary cannot take 8-byte loads: scalar channels,
     the same bits from the row pass (each channel's sum in edge order either way), the
@@ -202,23 +217,33 @@ def test_16bit_rows_not_8_byte_aligned(emu, storage_dtype):
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)
-def test_layer_with_16bit_storage(emu, monkeypatch, storage_dtype):
-    """The layer with 16-bit iterates (the solvers' loop over the passes) on the emulated CUDA
-    passes: equal to its run on the CPU kernels to float32 summation order, within 1e-2 of
-    float32 and not equal to it."""
+@pytest.mark.parametrize("tol", [0.0, 1e-2])
+def test_layer_with_16bit_storage(emu, monkeypatch, storage_dtype, tol):
+    """The layer with 16-bit iterates on the emulated CUDA host code and passes: the fused
+    loop (device flag, wide last iteration) equal bit for bit to the solvers' loop over the
+    same passes, with the same iteration counts; equal to its run on the CPU kernels to
+    float32 summation order, within 1e-2 of float32 and not equal to it."""
     x, ei, _ = make_graph("directed", n=40, d=8, dtype=torch.float32)
 
     def run(storage):
-        layer = make_layer(8, h=4, dtype=torch.float32, backend="cpu", storage_dtype=storage)
+        layer = make_layer(8, h=4, dtype=torch.float32, backend="cpu", storage_dtype=storage,
+                           max_iter=40, tol=tol)
         xr = x.clone().requires_grad_()
         z = layer(xr, ei)
         (z * torch.linspace(-1.0, 1.0, z.numel()).view_as(z)).sum().backward()
-        return [z.detach(), xr.grad] + [t.grad for t in thetas(layer).values()]
+        counts = (layer.iterations, layer.backward_iterations)
+        return [z.detach(), xr.grad] + [t.grad for t in thetas(layer).values()], counts
 
-    cpu16, cpu32 = run(storage_dtype), run(None)
+    (cpu16, cpu_counts), (cpu32, _) = run(storage_dtype), run(None)
     emulated_cpu_backend(emu, monkeypatch)
-    emulated16 = run(storage_dtype)
-    for got, same, wide in zip(emulated16, cpu16, cpu32):
+    emulated16, counts = run(storage_dtype)
+    monkeypatch.setitem(dk.backends._REGISTRY, "cpu", dataclasses.replace(
+        get_backend("cpu"), fused_solve=None))
+    loop16, loop_counts = run(storage_dtype)
+    assert counts == loop_counts == cpu_counts
+    assert (max(counts) < 40) == (tol > 0), counts
+    for got, loop, same, wide in zip(emulated16, loop16, cpu16, cpu32):
+        assert torch.equal(got, loop)
         assert rel_err(got, same) <= 1e-5
         assert 1e-7 < rel_err(got, wide) <= 1e-2
 
@@ -231,7 +256,8 @@ def emulated_cpu_backend(emu, monkeypatch):
     monkeypatch.setitem(dk.backends._REGISTRY, "cpu", dataclasses.replace(
         get_backend("cpu"), neural_edge_weights=emu.neural_edge_weights, row_pass=emu.csr_fma,
         gradient_pass=emu.neural_weight_grad,
-        fused_solve=FusedSolve(emu.implicit_diffusion, emu.implicit_diffusion_backward)))
+        fused_solve=FusedSolve(emu.implicit_diffusion, emu.implicit_diffusion_backward,
+                               storage_dtypes=STORAGE_DTYPES)))
     return face("cpu")
 
 
@@ -252,7 +278,7 @@ def test_bad_graphs_direct(emu, op, changes, regex):
     if any(k in regex for k in ("entries for", "entries but")):
         args = {"implicit_diffusion": lambda s: (s.rowptr, s.col, s.a, s.x, s.chi, s.p, s.q, None,
                                                  3.0, 1e-6, 3, 0.0, s.t_rowptr, s.t_col,
-                                                 s.t_perm)}
+                                                 s.t_perm, None)}
         if op in args:
             assert_raises_naming(lambda: emu.implicit_diffusion(*args[op](s)), regex)
             return

@@ -50,6 +50,7 @@ def test_opcheck_every_op(kind):
     z = torch.randn_like(x)
     v = torch.randn_like(x)
     req = lambda *ts: [u.clone().requires_grad_() for u in ts]  # noqa: E731
+    f32 = lambda *ts: [u.float() for u in ts]  # noqa: E731
     cases = {
         "neural_edge_weights": [(g.rowptr, g.col, a, p, q, 1e-6),
                                 (g.rowptr, g.col, a, *req(p, q), 1e-6)],
@@ -64,9 +65,14 @@ def test_opcheck_every_op(kind):
                                 v.half(), 1e-6, *t)],
         "implicit_diffusion": [  # the fused solve: differentiable through implicit_solve
             (g.rowptr, g.col, a, x, chi, p, q, None, 3.0, 1e-6, 8, 1e-8, *t),
-            (g.rowptr, g.col, w, x, chi, None, None, kappa, 3.0, 1e-6, 8, 1e-8)],
-        "implicit_diffusion_backward": [(g.rowptr, g.col, a, w, kappa, *t, x, chi, p, q, z,
-                                         torch.randn_like(x), 3.0, 1e-6, 8, 1e-8)],
+            (g.rowptr, g.col, w, x, chi, None, None, kappa, 3.0, 1e-6, 8, 1e-8),
+            (g.rowptr, g.col, *f32(a, x, chi, p, q), None, 3.0, 1e-6, 8, 1e-8, *t,
+             torch.bfloat16)],  # 16-bit iterates
+        "implicit_diffusion_backward": [
+            (g.rowptr, g.col, a, w, kappa, *t, x, chi, p, q, z, torch.randn_like(x), 3.0, 1e-6,
+             8, 1e-8),
+            (g.rowptr, g.col, *f32(a, w, kappa), *t, *f32(x, chi, p, q, z, v), 3.0, 1e-6, 8,
+             1e-8, torch.float16)],
     }
     assert set(cases) == set(OPS)
     for name, samples in cases.items():
@@ -354,6 +360,19 @@ def test_op_argument_errors():
     with pytest.raises(RuntimeError, match="max_iter must be >= 1"):
         torch.ops.dignn.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, None, 2.0, 1e-6,
                                            0, 1e-6, None, None, None)
+    # 16-bit storage in the fused solves: float32 x only, and a 16-bit dtype
+    solve = (g.rowptr, g.col, a, x, chi, p, q, None, 2.0, 1e-6, 4, 0.0, None, None, None)
+    back = (g.rowptr, g.col, a, a, chi, None, None, None, x, chi, p, q, x, x, 2.0, 1e-6, 4, 0.0)
+    for op, args in ((torch.ops.dignn.implicit_diffusion, solve),
+                     (torch.ops.dignn.implicit_diffusion_backward, back)):
+        with pytest.raises(RuntimeError, match=r"storage_dtype=BFloat16 needs float32 x .*got "
+                                               r"Double: pass x in float32, or storage_dtype="
+                                               r"None"):
+            op(*args, torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"storage_dtype must be None \(iterates in x's "
+                                               r"dtype\), torch.bfloat16 or torch.float16, got "
+                                               r"Float"):
+            op(*args, torch.float32)
     with pytest.raises(RuntimeError, match="rowptr must be int64"):
         ops.neural_edge_weights(g.rowptr.int(), g.col, a, p, q)
     with pytest.raises(RuntimeError, match="a must hold one value per edge"):

@@ -9,7 +9,9 @@ adjoint in bfloat16 or float16, every sum in float32.
 - storage really is 16-bit: the row pass is handed 16-bit iterates, and Z equals a dense
   reference that rounds each iterate to the storage dtype by hand;
 - the Triton and CPU results equal the torch one to float32 accumulation order, pass by pass
-  (heavy rows included) and for the whole layer; the CPU row pass with 16-bit iterates equals,
+  (heavy rows included) and for the whole layer; the compiled backends' fused C++ loop equals,
+  bit for bit, the solvers' loop over the same passes (forward, adjoint, gradients, iteration
+  counts, early stops included); the CPU row pass with 16-bit iterates equals,
   bit for bit, its float32 pass on the widened iterates with the output rounded by torch, in
   every instruction-set build (NaN, infinities, float16 overflow, subnormals, ties);
 - bad values, a backend without 16-bit storage and other solvers raise ValueError naming
@@ -107,7 +109,7 @@ def test_triton_close_to_float32_and_equal_to_torch(kind, storage_dtype, triton_
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_kernels_close_to_float32_and_equal_to_torch(kind, storage_dtype, backend,
                                                               one_thread):
-    """The compiled backends with 16-bit iterates (the solvers' loop over their passes)."""
+    """The compiled backends with 16-bit iterates (their fused loop, float32 x)."""
     _assert_close_to_float32_and_equal_to_torch(kind, backend, storage_dtype, device=backend)
 
 
@@ -124,7 +126,8 @@ def test_fixed_laplacian_and_float64_compute(storage_dtype, backend, one_thread)
 
 
 def _spy_backend(monkeypatch, name):
-    """Records the dtypes (y, b, output) of every row pass of backend ``name``."""
+    """Records the dtypes (y, b, output) of every row pass of backend ``name``, run by the
+    solvers' loop (its fused loop, if any, is taken away: its passes are in C++)."""
     seen = []
     backend = backends.get_backend(name)
 
@@ -134,16 +137,17 @@ def _spy_backend(monkeypatch, name):
         return out
 
     monkeypatch.setitem(backends._REGISTRY, name,
-                        dataclasses.replace(backend, row_pass=row_pass))
+                        dataclasses.replace(backend, row_pass=row_pass, fused_solve=None))
     return seen
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("storage_dtype", STORAGE)
 def test_row_pass_sees_16bit_iterates(storage_dtype, backend, monkeypatch, one_thread):
-    """Forward and adjoint: every sweep but the last reads and writes a 16-bit iterate (the
-    right-hand side x or g and the weights stay float32); the last one is taken wide (on the
-    CPU kernels too: a 16-bit solve runs the loop over the passes, not the fused loop)."""
+    """Forward and adjoint in the solvers' loop: every sweep but the last reads and writes a
+    16-bit iterate (the right-hand side x or g and the weights stay float32); the last one is
+    taken wide. The compiled backends' fused loop runs the same sweeps
+    (test_fused_loop_equals_solvers_loop)."""
     seen = _spy_backend(monkeypatch, backend)
     layer = make_layer(5, dtype=torch.float32, backend=backend, storage_dtype=storage_dtype,
                        max_iter=6, tol=0.0)
@@ -154,6 +158,47 @@ def test_row_pass_sees_16bit_iterates(storage_dtype, backend, monkeypatch, one_t
     # 6 iterations: Z_1 = round(X), 4 stored sweeps, the wide last one; the same adjoint
     assert seen == ([stored] * 4 + [wide]) * 2, seen
     assert layer.iterations == 6 and layer.backward_iterations == 6
+
+
+def _without_fused_loop(monkeypatch, name):
+    """Backend ``name`` with its fused loop taken away: the solvers' loop over its passes."""
+    monkeypatch.setitem(backends._REGISTRY, name, dataclasses.replace(
+        backends.get_backend(name), fused_solve=None))
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=_CUDA_ONLY)])
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind,laplacian_name", [("symmetric", "neural"), ("directed", "neural"),
+                                                 ("zero_rows", "neural"), ("directed", "rw")])
+def test_fused_loop_equals_solvers_loop(kind, laplacian_name, storage_dtype, backend,
+                                        monkeypatch, one_thread):
+    """The compiled backend's fused C++ loop with 16-bit iterates (csrc/ops/solve.h) runs the
+    solvers' loop's iteration over the same passes: Z and every gradient equal bit for bit, the
+    same iteration counts and residuals up to summation order, with a fixed number of
+    iterations (tol = 0), with at most 2 (no stored sweep: Z_1 = round(X), then the wide
+    last), and stopping early (the last iteration then follows the one that converged)."""
+    for max_iter, tol in ((8, 0.0), (2, 0.0), (30, 2e-2)):
+        runs = {}
+        for loop in ("fused", "solvers"):
+            with monkeypatch.context() as m:
+                if loop == "solvers":
+                    _without_fused_loop(m, backend)
+                runs[loop] = _run(kind, backend, storage_dtype, laplacian_name=laplacian_name,
+                                  device=backend, max_iter=max_iter, tol=tol)
+        (fused, f_layer), (solvers, s_layer) = runs["fused"], runs["solvers"]
+        where = (max_iter, tol)
+        for name in fused:
+            assert torch.equal(fused[name], solvers[name]), (where, name)
+        for attr in ("iterations", "backward_iterations"):
+            assert getattr(f_layer, attr) == getattr(s_layer, attr), (where, attr)
+        stopped_early = f_layer.iterations < max_iter and f_layer.backward_iterations < max_iter
+        assert stopped_early == (tol > 0), (where, f_layer.iterations)
+        if tol == 0:  # the last, wide iteration's residuals: one computation, two orders
+            assert f_layer.iterations == max_iter
+            for attr in ("residual", "relative_residual", "backward_residual",
+                         "backward_relative_residual"):
+                got, want = getattr(f_layer, attr), getattr(s_layer, attr)
+                assert abs(got - want) <= 1e-5 * want, (where, attr, got, want)
 
 
 def _dense_rounded_solve(x, ei, w, layer, storage_dtype, max_iter):

@@ -80,6 +80,11 @@ class CpuPasses {
   RowStep row_step(const Csr& csr, const RowMap& map, const Iterates&, Residual& residual) const {
     return RowStep(csr, map, residual);
   }
+  // The host knows the iteration a solve stopped at: the last step is a row step.
+  RowStep last_step(const Csr& csr, const RowMap& map, const Iterates& y,
+                    Residual& residual) const {
+    return row_step(csr, map, y, residual);
+  }
   void weight_grads(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
                     const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
                     at::Tensor& grad_q) const {

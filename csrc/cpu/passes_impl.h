@@ -285,6 +285,9 @@ struct Stored {  // S = T: the compute dtype itself
   static inline void store(S* p, typename Simd<T>::vec v) { Simd<T>::store(p, v); }
   static inline T load_one(const S* p) { return *p; }
   static inline void store_one(S* p, T v) { *p = v; }
+  // What store(p, v) stored at p, in T: v rounded to S (here v itself).
+  static inline typename Simd<T>::vec reload(const S*, typename Simd<T>::vec v) { return v; }
+  static inline T reload_one(const S*, T v) { return v; }
 };
 
 template <>
@@ -298,6 +301,8 @@ struct Stored<c10::BFloat16> {
   }
   static inline float load_one(const S* p) { return static_cast<float>(*p); }
   static inline void store_one(S* p, float v) { *p = c10::BFloat16(v); }
+  static inline FVec reload(const S* p, FVec) { return load(p); }
+  static inline float reload_one(const S* p, float) { return load_one(p); }
 };
 
 // float16: the F16C / AVX-512 conversions (round to nearest even), the baseline build's vector
@@ -310,6 +315,8 @@ struct Stored<c10::Half> {
   static inline void store(S* p, FVec v) { store_float16(p, v); }
   static inline float load_one(const S* p) { return static_cast<float>(*p); }
   static inline void store_one(S* p, float v) { *p = c10::Half(v); }
+  static inline FVec reload(const S* p, FVec) { return load(p); }
+  static inline float reload_one(const S* p, float) { return load_one(p); }
 };
 
 // ------------------------------------------------------------ dot-product reductions --
@@ -383,8 +390,9 @@ inline typename Stored<S>::T edge_grad_dot(const S* __restrict__ a_i, const S* _
 
 // ------------------------------------------------------------------ the row step --
 // out_i = b_i + cy y_i + ca sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
-// block's ||out_i - y_i||^2, ||out_i||^2 (of the unrounded out_i). y and out are stored as S
-// (16-bit storage: widened on load, rounded on the store), b is in the compute dtype T.
+// block's ||out_i - y_i||^2, ||out_i||^2 (of out_i as stored: the solvers' loop's norms of
+// its iterates). y and out are stored as S (16-bit storage: widened on load, rounded on the
+// store), b is in the compute dtype T.
 template <int NV, typename S, typename I, typename T = typename Stored<S>::T>
 inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
                        const S* __restrict__ y_i, int64_t d, int64_t c0,
@@ -414,10 +422,11 @@ inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
     const int64_t c = c0 + v * V::kLanes;
     const typename V::vec yi = L::load(y_i + c);
     const typename V::vec o = V::load(b_i + c) + vcy * yi + vca * acc[v];
-    const typename V::vec t = o - yi;
     L::store(out_i + c, o);
+    const typename V::vec r = L::reload(out_i + c, o);
+    const typename V::vec t = r - yi;
     ds += t * t;
-    os += o * o;
+    os += r * r;
   }
   diff_sq += V::sum(ds);
   out_sq += V::sum(os);
@@ -459,10 +468,11 @@ inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
     }
     const T yi = L::load_one(y_i + c0);
     const T o = b_i[c0] + cy * yi + ca * acc;
-    const T t = o - yi;
     L::store_one(out_i + c0, o);
+    const T r = L::reload_one(out_i + c0, o);
+    const T t = r - yi;
     diff_sq += t * t;
-    out_sq += o * o;
+    out_sq += r * r;
   }
 }
 

@@ -111,6 +111,19 @@ DIGNN_DEV void store_as(S* ptr, const Pack<T, V>& p) {
   }
 }
 
+// p as store_as stores it, widened back: each channel rounded to S (S == T: p itself).
+template <typename S, typename T, int V>
+DIGNN_DEV Pack<T, V> as_stored(const Pack<T, V>& p) {
+  if constexpr (std::is_same<S, T>::value) {
+    return p;
+  } else {
+    Pack<T, V> r;
+    DIGNN_UNROLL
+    for (int c = 0; c < V; ++c) r.v[c] = static_cast<T>(static_cast<S>(p.v[c]));
+    return r;
+  }
+}
+
 template <typename T, int V>
 DIGNN_DEV T dot(const Pack<T, V>& a, const Pack<T, V>& b) {
   T s = a.v[0] * b.v[0];

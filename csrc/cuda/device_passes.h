@@ -46,15 +46,17 @@ class DeviceResidual {
     });
     check_status(launch_finalize_step(sums.data_ptr<double>(), blocks, nullptr, 0,
                                       stats_.data_ptr<double>(), flag_.data_ptr<int32_t>(), 1,
-                                      tol, stream),
+                                      tol, false, stream),
                  "finalize_step");
   }
 
   bool stopped() const { return false; }  // never read on the host
   at::Tensor stats() const { return stats_; }
   const int32_t* converged() const { return flag_.data_ptr<int32_t>(); }
-  void record(const RowPass& pass, int64_t iteration) const {
-    pass.finalize(stats_, flag_, iteration, tol_, stream_);
+  // last: the wide last iteration of a 16-bit solve, recorded even once the solve stopped
+  // (then as the iteration after the one it stopped at; launch_finalize_step).
+  void record(const RowPass& pass, int64_t iteration, bool last = false) const {
+    pass.finalize(stats_, flag_, iteration, tol_, last, stream_);
   }
 
  private:
@@ -66,17 +68,20 @@ class DeviceResidual {
 // The row pass of a solve.
 class DeviceRowStep {
  public:
-  DeviceRowStep(RowPass pass, const DeviceResidual& residual, simt::Stream stream)
-      : pass_(std::move(pass)), residual_(&residual), stream_(stream) {}
+  // last: DevicePasses::last_step (the pass then has no converged flag).
+  DeviceRowStep(RowPass pass, const DeviceResidual& residual, simt::Stream stream,
+                bool last = false)
+      : pass_(std::move(pass)), residual_(&residual), stream_(stream), last_(last) {}
   void run(const Iterates& y, int64_t iteration) const {
     pass_.run(y.current, y.next, stream_);
-    residual_->record(pass_, iteration);
+    residual_->record(pass_, iteration, last_);
   }
 
  private:
   RowPass pass_;
   const DeviceResidual* residual_;
   simt::Stream stream_;
+  bool last_;
 };
 
 class DevicePasses {
@@ -152,6 +157,12 @@ class DevicePasses {
     RowPass pass = cached_pass(csr, map, y.current, y.next, true);
     pass.converged = residual.converged();
     return RowStep(std::move(pass), residual, stream());
+  }
+
+  // Runs whether or not the solve has converged (no flag), counted by the finalize kernel.
+  RowStep last_step(const Csr& csr, const RowMap& map, const Iterates& y,
+                    Residual& residual) const {
+    return RowStep(cached_pass(csr, map, y.current, y.next, true), residual, stream(), true);
   }
 
   // Symmetric graph (t_csr null): one pass over the CSR, both terms of every edge in its row.

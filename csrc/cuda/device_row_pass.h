@@ -60,15 +60,16 @@ class RowPass {
                          });
   }
 
-  // The solve's stats and flag from this pass's norms, at iteration `iteration`.
+  // The solve's stats and flag from this pass's norms, at iteration `iteration` (last: see
+  // launch_finalize_step).
   void finalize(const at::Tensor& stats, const at::Tensor& flag, int64_t iteration, double tol,
-                simt::Stream stream) const {
+                bool last, simt::Stream stream) const {
     const bool any = csr_.n > 0;
     check_status(launch_finalize_step(main_norms_.data_ptr<double>(),
                                       any ? plan_.main_blocks : 0,
                                       combine_norms_.data_ptr<double>(),
                                       any ? plan_.combine_blocks : 0, stats.data_ptr<double>(),
-                                      flag.data_ptr<int32_t>(), iteration, tol, stream),
+                                      flag.data_ptr<int32_t>(), iteration, tol, last, stream),
                  "finalize_step");
   }
 

@@ -199,10 +199,12 @@ int64_t sum_squares_blocks(int64_t count);
 template <typename T>
 int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream);
 // stats = [iteration, sqrt(sum diff), sqrt(sum diff / sum out)] and converged = (sum diff <=
-// tol^2 sum out) from the block sums of one step, unless `converged` was already set.
+// tol^2 sum out) from the block sums of one step, unless `converged` was already set. `last`:
+// the wide last iteration of a 16-bit solve (csrc/ops/solve.h), whose stats are written in
+// any case, as iteration stats[0] + 1 (the one after the solve stopped) if it had converged.
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
                          int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
-                         double tol, simt::Stream stream);
+                         double tol, bool last, simt::Stream stream);
 
 }  // namespace DIGNN_SIMT_NS
 }  // namespace dignn

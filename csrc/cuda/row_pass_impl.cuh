@@ -169,14 +169,16 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
                 if (!carry) {
                   const Pack<T, V> bi = load_ro<T, V>(b_i + vi * V);
                   DIGNN_UNROLL
+                  for (int c = 0; c < V; ++c) o.v[c] = bi.v[c] + cy * yi.v[c] + rs * acc[t].v[c];
+                  const Pack<T, V> r = as_stored<S>(o);  // the norms are of o as stored
+                  DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) {
-                    o.v[c] = bi.v[c] + cy * yi.v[c] + rs * acc[t].v[c];
-                    const T diff = o.v[c] - yi.v[c];
+                    const T diff = r.v[c] - yi.v[c];
                     lane_diff += diff * diff;
-                    lane_out += o.v[c] * o.v[c];
+                    lane_out += r.v[c] * r.v[c];
                   }
                 }
-                store_as<T, V>(out_i + vi * V, o);  // the norms are of the unrounded o
+                store_as<T, V>(out_i + vi * V, o);
               }
             }
           } else {  // this segment's share of (W y)_i
@@ -240,9 +242,10 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
         T acc = T(0);
         for (int64_t s = 0; s < nseg; ++s) acc += A.partial[(slot0 + s) * d + c];
         o = A.b[i * d + c] + cy * yi + rs * acc;
-        const T diff = o - yi;
+        const T r = static_cast<T>(static_cast<S>(o));  // o as stored
+        const T diff = r - yi;
         lane_diff += diff * diff;
-        lane_out += o * o;
+        lane_out += r * r;
       }
       A.out[i * d + c] = static_cast<S>(o);
     }

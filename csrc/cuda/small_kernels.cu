@@ -37,9 +37,10 @@ int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Str
 
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
                          int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
-                         double tol, simt::Stream stream) {
+                         double tol, bool last, simt::Stream stream) {
   return simt::launch(&finalize_step_kernel, 1, kFinalizeThreads, stream, norms_a, blocks_a,
-                      norms_b, blocks_b, stats, converged, iteration, tol);
+                      norms_b, blocks_b, stats, converged, iteration, tol,
+                      static_cast<int32_t>(last));
 }
 
 #define DIGNN_SMALL_KERNELS(T)                                                              \

@@ -145,15 +145,16 @@ DIGNN_DEV void strided_pair_sum(const double* pairs, int64_t count, int t, doubl
 DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64_t blocks_a,
                                                     const double* norms_b, int64_t blocks_b,
                                                     double* stats, int32_t* converged,
-                                                    int64_t iteration, double tol) {
+                                                    int64_t iteration, double tol,
+                                                    int32_t last) {
   const int t = simt::thread_idx();
   double diff = 0.0, out = 0.0;
   strided_pair_sum(norms_a, blocks_a, t, diff, out);
   strided_pair_sum(norms_b, blocks_b, t, diff, out);
   block_sum2<kFinalizeThreads>(diff, out);
-  if (t == 0 && *converged == 0) {
+  if (t == 0 && (last != 0 || *converged == 0)) {
     const double res = ::sqrt(diff);
-    stats[0] = static_cast<double>(iteration);
+    stats[0] = *converged != 0 ? stats[0] + 1.0 : static_cast<double>(iteration);
     stats[1] = res;
     stats[2] = out > 0.0 ? res / ::sqrt(out) : 0.0;
     const bool finite = diff <= 1.7976931348623157e308 && out <= 1.7976931348623157e308;

@@ -103,6 +103,21 @@ inline void check_solve_scalars(double mu, double eps, int64_t max_iter) {
   TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
 }
 
+using OptDtype = c10::optional<at::ScalarType>;
+
+// A fused solve's storage_dtype (csrc/ops/solve.h): None, or bfloat16 / float16 iterates with
+// float32 compute (x's dtype), the combination every backend's kernels take.
+inline void check_solve_storage(const OptDtype& storage_dtype, const at::Tensor& x) {
+  if (!storage_dtype.has_value()) return;
+  TORCH_CHECK(*storage_dtype == at::kBFloat16 || *storage_dtype == at::kHalf,
+              "storage_dtype must be None (iterates in x's dtype), torch.bfloat16 or "
+              "torch.float16, got ", *storage_dtype);
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "storage_dtype=", *storage_dtype,
+              " needs float32 x (the dtype every sum runs in), got ", x.scalar_type(),
+              ": pass x in float32, or storage_dtype=None (dignn_kernels.implicit_diffusion "
+              "also stores float64 solves in 16 bits, in the solvers' loop over the passes)");
+}
+
 // The CSR and one value per edge; returns n.
 inline int64_t check_graph_signal(const at::Tensor& rowptr, const at::Tensor& col,
                                   const at::Tensor& values, const char* values_name) {
@@ -238,9 +253,11 @@ inline bool check_implicit_diffusion_args(const at::Tensor& rowptr, const at::Te
                                           const OptTensor& q, const OptTensor& kappa,
                                           double mu, double eps, int64_t max_iter, double tol,
                                           const OptTensor& t_rowptr, const OptTensor& t_col,
-                                          const OptTensor& t_perm) {
+                                          const OptTensor& t_perm,
+                                          const OptDtype& storage_dtype) {
   const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
   check_features(x, "x", n, rowptr);
+  check_solve_storage(storage_dtype, x);
   transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);  // used by the backward
   check_values(chi, "chi", {n}, x, rowptr);
   check_values(edge_value, "edge_value", {col.numel()}, x, rowptr);
@@ -261,9 +278,10 @@ inline Transposed check_implicit_diffusion_backward_args(
     const at::Tensor& w, const at::Tensor& kappa, const OptTensor& t_rowptr,
     const OptTensor& t_col, const OptTensor& t_perm, const at::Tensor& x, const at::Tensor& chi,
     const OptTensor& p, const OptTensor& q, const at::Tensor& z, const at::Tensor& grad_z,
-    double mu, double eps, int64_t max_iter) {
+    double mu, double eps, int64_t max_iter, const OptDtype& storage_dtype) {
   const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
   check_features(x, "x", n, rowptr);
+  check_solve_storage(storage_dtype, x);
   const Transposed t = transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
   check_values(z, "z", x.sizes(), x, rowptr);
   check_values(grad_z, "grad_z", x.sizes(), x, rowptr);

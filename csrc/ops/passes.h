@@ -26,6 +26,11 @@
 //     // The row pass of a solve: its run(y, t) writes y.next from y.current and records the
 //     // step in the residual it was made with.
 //     RowStep row_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;
+//     // The wide last iteration of a solve with 16-bit iterates (csrc/ops/solve.h): a row step
+//     // over y in the compute dtype that runs even when the solve has stopped, and records
+//     // itself as the iteration after the last one the residual recorded (its run(y, t) names
+//     // that t where the host knows it; on the GPU the device flag decides).
+//     RowStep last_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;
 //     // The gradient pass: dl/dp, dl/dq of the neural edge weights over the CSR, and over the
 //     // transposed CSR t_csr (directed graphs; t_a: the edge values in its order) unless it
 //     // is null (a symmetric graph). A formed dl/dW's z and v may be stored in one 16-bit

@@ -47,16 +47,19 @@ TORCH_LIBRARY(dignn, m) {
   // the fixed weights W and kappa their diagonal (row sums when omitted).
   // The transposed CSR (directed graphs) is only carried to the backward.
   // stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] (float64).
+  // storage_dtype: bfloat16 or float16 iterates with float32 x (csrc/ops/solve.h); z and
+  // the outputs of both ops stay in x's dtype.
   m.def("implicit_diffusion(Tensor rowptr, Tensor col, Tensor edge_value, Tensor x, "
         "Tensor chi, Tensor? p, Tensor? q, Tensor? kappa, float mu, float eps, "
         "int max_iter, float tol, Tensor? t_rowptr=None, Tensor? t_col=None, "
-        "Tensor? t_perm=None) -> (Tensor z, Tensor w, Tensor kappa_out, Tensor stats)");
+        "Tensor? t_perm=None, ScalarType? storage_dtype=None) "
+        "-> (Tensor z, Tensor w, Tensor kappa_out, Tensor stats)");
   // Its backward: the adjoint iteration and the fused gradient pass; stats as above, of
   // the adjoint solve u = g - (1/mu) Delta^T u.
   m.def("implicit_diffusion_backward(Tensor rowptr, Tensor col, Tensor edge_value, "
         "Tensor w, Tensor kappa, Tensor? t_rowptr, Tensor? t_col, Tensor? t_perm, "
         "Tensor x, Tensor chi, Tensor? p, Tensor? q, Tensor z, Tensor grad_z, float mu, "
-        "float eps, int max_iter, float tol) "
+        "float eps, int max_iter, float tol, ScalarType? storage_dtype=None) "
         "-> (Tensor grad_x, Tensor grad_chi, Tensor grad_p, Tensor grad_q, Tensor stats)");
 }
 

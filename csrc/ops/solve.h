@@ -2,6 +2,15 @@
 // csrc/ops/passes.h): dignn::implicit_diffusion, the forward fixed point
 // Z = X - (1/mu) Delta Z (eq. iter), and dignn::implicit_diffusion_backward, the adjoint solve
 // and the gradient pass (appendix "Training for DIGNNs"). Math in csrc/dignn/laplacian_math.h.
+//
+// 16-bit storage (storage_dtype bfloat16 or float16, float32 x): the iteration of the solvers'
+// loop over the passes (dignn_kernels/solvers/loops.py), bit for bit and stop for stop. The
+// iterates are stored in 16 bits from Y_1 = round(B) on, each row pass sums in float32 and
+// rounds its output (csrc/ops/storage.h); the last iteration is computed from the last stored
+// iterate but kept in float32 (wide_last_iteration). The step norms are of the iterates as
+// stored, so a 16-bit iterate that no longer changes has converged. The neural weights take a
+// pass of their own before the loop (the fused neural pass keeps its iterates in the compute
+// dtype), and the gradient pass gathers z and v = ca.u rounded to 16 bits.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +21,7 @@
 
 #include "ops/checks.h"
 #include "ops/passes.h"
+#include "ops/storage.h"
 
 namespace dignn {
 namespace ops {
@@ -19,13 +29,45 @@ namespace ops {
 // Iterations t = 2..max_iter of a solve from Y_0 = 0 (iteration 1, Y_1 = B, is the caller's):
 // `step(t)` writes Y_t to y.next from y.current and records its residual. The loop ends early
 // when the residual says so (only where the backend reads it on the host, see passes.h).
+// Returns the last iteration it ran (1 if none).
 template <typename Residual, typename Step>
-void fixed_point_iterations(const Residual& residual, int64_t max_iter, Iterates& y,
-                            Step&& step) {
+int64_t fixed_point_iterations(const Residual& residual, int64_t max_iter, Iterates& y,
+                               Step&& step) {
+  int64_t last = 1;
   for (int64_t t = 2; t <= max_iter && !residual.stopped(); ++t) {
     step(t);
     y.advance();
+    last = t;
   }
+  return last;
+}
+
+// The dtype a solve of max_iter iterations stores its iterates in: the 16-bit storage_dtype,
+// or Undefined for the compute dtype (also for one iteration, Z = X, which stores nothing).
+inline at::ScalarType iterate_storage(const OptDtype& storage_dtype, int64_t max_iter) {
+  return storage_dtype.has_value() && max_iter > 1 ? *storage_dtype : at::ScalarType::Undefined;
+}
+
+// Y_1 = B as a solve stores it: rounded to the 16-bit storage dtype, else a copy.
+inline at::Tensor first_iterate(const at::Tensor& b, at::ScalarType storage) {
+  return storage != at::ScalarType::Undefined ? b.to(storage) : b.clone();
+}
+
+// t as a pass reads it in a solve: rounded to the 16-bit storage dtype, else t itself.
+inline at::Tensor stored_as(const at::Tensor& t, at::ScalarType storage) {
+  return storage != at::ScalarType::Undefined ? t.to(storage) : t;
+}
+
+// The last iteration of a solve with 16-bit iterates: map applied to the last stored iterate
+// y.current (iteration `last`), its output in the compute dtype (b's), and recorded as
+// iteration last + 1 (the device's residual counts from the iteration it stopped at).
+template <typename Passes>
+at::Tensor wide_last_iteration(const Passes& passes, const typename Passes::Csr& csr,
+                               const RowMap& map, const Iterates& y, int64_t last,
+                               typename Passes::Residual& residual) {
+  const Iterates wide{y.current.to(map.b.scalar_type()), at::empty_like(map.b)};
+  passes.last_step(csr, map, wide, residual).run(wide, last + 1);
+  return wide.next;
 }
 
 // dl/dp, dl/dq with G_ij = v_i . (z_j - z_i) (appendix "Training for DIGNNs"): one pass over
@@ -46,10 +88,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& edge_value,
     const at::Tensor& x_in, const at::Tensor& chi_in, const OptTensor& p_in,
     const OptTensor& q_in, const OptTensor& kappa_in, double mu, double eps, int64_t max_iter,
-    double tol, const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
+    double tol, const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm,
+    const OptDtype& storage_dtype) {
   const bool neural = check_implicit_diffusion_args(rowptr, col, edge_value, x_in, chi_in, p_in,
                                                     q_in, kappa_in, mu, eps, max_iter, tol,
-                                                    t_rowptr, t_col, t_perm);
+                                                    t_rowptr, t_col, t_perm, storage_dtype);
   const Passes passes(x_in);
   const int64_t n = num_rows(rowptr);
   const double inv_mu = 1.0 / mu;
@@ -57,13 +100,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
   const at::Tensor chi = chi_in.contiguous();
   const at::Tensor rp = rowptr.contiguous();
   const at::Tensor value = edge_value.contiguous();
+  const at::ScalarType storage = iterate_storage(storage_dtype, max_iter);
+  const bool stored = storage != at::ScalarType::Undefined;  // 16-bit iterates (file's head)
 
-  // Iteration 1 from Z_0 = 0 gives Z_1 = X (eq. iter).
-  Iterates z{x.clone(), at::Tensor()};
-  typename Passes::Residual residual = passes.first_iteration(x, tol);
+  // Iteration 1 from Z_0 = 0 gives Z_1 = X (eq. iter), stored as Z_1 = round(X).
+  Iterates z{first_iterate(x, storage), at::Tensor()};
+  typename Passes::Residual residual =
+      passes.first_iteration(stored ? z.current.to(x.scalar_type()) : x, tol);
+  if (n == 0) z.current = x.clone();
 
   // Fixed weights: W = edge_value, kappa given or its row sums. Neural (eq. 13-14): made by
-  // the pass of iteration 2 together with the step.
+  // the pass of iteration 2 together with the step (with 16-bit iterates: before the loop).
   at::Tensor w, kappa, cy, ca;
   if (neural) {
     w = at::empty({col.numel()}, x.options());
@@ -78,21 +125,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
   const typename Passes::Csr csr = passes.csr(rp, col);
   const NeuralEdges edges{value, neural ? p_in->contiguous() : at::Tensor(),
                           neural ? q_in->contiguous() : at::Tensor(), eps};
+  if (neural && stored) {
+    passes.edge_weights(csr, edges, w, kappa);
+    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+  }
   z.next = at::empty_like(z.current);
   // z_i <- x_i + cy_i z_i + ca_i (W Z)_i with cached weights (row_coefficients).
   std::optional<typename Passes::RowStep> step;
-  if (!neural) step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
-  fixed_point_iterations(residual, max_iter, z, [&](int64_t t) {
-    if (step) {
-      step->run(z, t);
-      return;
-    }
-    passes.fused_step(csr, edges, w, kappa, NeuralStep{chi, inv_mu, x}, z, t, residual);
-    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
-    step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
-  });
+  if (cy.defined()) step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+  const int64_t last =
+      fixed_point_iterations(residual, stored ? max_iter - 1 : max_iter, z, [&](int64_t t) {
+        if (step) {
+          step->run(z, t);
+          return;
+        }
+        passes.fused_step(csr, edges, w, kappa, NeuralStep{chi, inv_mu, x}, z, t, residual);
+        std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+        step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+      });
   if (!step) passes.edge_weights(csr, edges, w, kappa);  // stopped at iteration 1: the
                                                          // backward still needs W and kappa
+  if (stored) {
+    return {wide_last_iteration(passes, csr, RowMap{w, x, cy, ca}, z, last, residual), w, kappa,
+            residual.stats()};
+  }
   return {z.current, w, kappa, residual.stats()};
 }
 
@@ -107,10 +163,10 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
                             const at::Tensor& x_in, const at::Tensor& chi_in,
                             const OptTensor& p_in, const OptTensor& q_in, const at::Tensor& z_in,
                             const at::Tensor& grad_z, double mu, double eps, int64_t max_iter,
-                            double tol) {
+                            double tol, const OptDtype& storage_dtype) {
   const Transposed t = check_implicit_diffusion_backward_args(
       rowptr, col, edge_value, w, kappa_in, t_rowptr, t_col, t_perm, x_in, chi_in, p_in, q_in,
-      z_in, grad_z, mu, eps, max_iter);
+      z_in, grad_z, mu, eps, max_iter, storage_dtype);
   const bool neural = p_in.has_value() && q_in.has_value();
   const Passes passes(x_in);
   const int64_t n = num_rows(rowptr);
@@ -128,23 +184,30 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
   const at::Tensor t_cl = t.defined() ? t.col : col.contiguous();
   const at::Tensor t_w =
       (t.defined() ? wc.index_select(0, t.perm) : wc) * ca.index_select(0, t_cl);
-  // u_0 = 0, so u_1 = g.
-  Iterates u{g.clone(), at::Tensor()};
-  typename Passes::Residual residual = passes.first_iteration(g, tol);
+  // u_0 = 0, so u_1 = g (stored as round(g) with 16-bit iterates, see the file's head).
+  const at::ScalarType storage = iterate_storage(storage_dtype, max_iter);
+  const bool stored = storage != at::ScalarType::Undefined;
+  Iterates u{first_iterate(g, storage), at::Tensor()};
+  typename Passes::Residual residual =
+      passes.first_iteration(stored ? u.current.to(g.scalar_type()) : g, tol);
+  at::Tensor adjoint = n > 0 ? u.current : g.clone();  // u
   std::optional<typename Passes::Csr> t_csr;
   if (n > 0) {
     t_csr.emplace(passes.csr(t_rp, t_cl));
     u.next = at::empty_like(u.current);
-    const typename Passes::RowStep step =
-        passes.row_step(*t_csr, RowMap{t_w, g, cy, at::Tensor()}, u, residual);
-    fixed_point_iterations(residual, max_iter, u, [&](int64_t it) { step.run(u, it); });
+    const RowMap map{t_w, g, cy, at::Tensor()};
+    const typename Passes::RowStep step = passes.row_step(*t_csr, map, u, residual);
+    const int64_t last = fixed_point_iterations(residual, stored ? max_iter - 1 : max_iter, u,
+                                                [&](int64_t it) { step.run(u, it); });
+    adjoint = stored ? wide_last_iteration(passes, *t_csr, map, u, last, residual) : u.current;
   }
 
   // dl/dx = u; dl/dchi_i = u_i . (x_i - z_i) / chi_i (0 on guarded rows, where ca = 0).
-  at::Tensor grad_chi = (u.current * (x - z)).sum(1) * ca * mu;
+  at::Tensor grad_chi = (adjoint * (x - z)).sum(1) * ca * mu;
   at::Tensor grad_p, grad_q;
   if (neural) {
-    const at::Tensor v = u.current * ca.unsqueeze(1);
+    // The gradient pass gathers z and v = ca.u, rounded to the 16-bit storage dtype if any.
+    const at::Tensor v = stored_as(adjoint * ca.unsqueeze(1), storage);
     grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
     grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
     if (n > 0) {
@@ -152,13 +215,14 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
       const typename Passes::Csr csr = t.defined() ? passes.csr(rp, col) : *t_csr;
       const NeuralEdges edges{edge_value.contiguous(), p_in->contiguous(), q_in->contiguous(),
                               eps};
-      weight_grads_from_adjoint(passes, csr, &*t_csr, t, edges, z, v, grad_p, grad_q);
+      weight_grads_from_adjoint(passes, csr, &*t_csr, t, edges, stored_as(z, storage), v,
+                                grad_p, grad_q);
     }
   } else {
     grad_p = at::empty({0}, x.options());
     grad_q = at::empty({0}, x.options());
   }
-  return {u.current, grad_chi, grad_p, grad_q, residual.stats()};
+  return {adjoint, grad_chi, grad_p, grad_q, residual.stats()};
 }
 
 }  // namespace ops

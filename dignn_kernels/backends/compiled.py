@@ -13,8 +13,9 @@ the convergence test on the device.
 writes its output there (rounded to nearest even, as torch's ``.to()`` on the same device),
 the gradient pass gathers z and v in 16 bits, each load widened to float32 where every sum
 runs (csrc/cpu/passes_impl.h, "16-bit storage"; csrc/cuda/launch.h); b, p and q in 16 bits
-are widened once per pass (csrc/ops/storage.h, written once for both). A solve with 16-bit
-iterates runs the solvers' loop over these passes, not the fused loop. On cornell5 (one CPU
+are widened once per pass (csrc/ops/storage.h, written once for both). A fixed-point solve
+with 16-bit iterates and float32 x runs in the fused loop too, with the results of the solvers'
+loop over these passes (csrc/ops/solve.h; float64 x takes that loop). On cornell5 (one CPU
 thread) a bfloat16 cached sweep takes 0.75 of a float32 one: the gathers of neighbour rows
 move half the bytes (bench/results/cpu_cornell5_storage16.json). The CUDA kernels' 16-bit
 passes have been verified in the kernels' host emulator only (tests/test_cuda_emulated.py),
@@ -34,7 +35,8 @@ def _cuda_built() -> bool:
     return bool(_build_info.WITH_CUDA)
 
 
-_FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward)
+_FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward,
+                    storage_dtypes=STORAGE_DTYPES)
 
 CPU = Backend(name="cpu", available=lambda device: device.type == "cpu",
               neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,

@@ -12,11 +12,13 @@ optional fused solve:
   with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
 - ``fused_solve`` (optional): a whole fixed-point solve in the backend's own loop, forward
-  (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, mu, eps,
-  max_iter, tol) -> (z, w, kappa, stats)``) and adjoint (``backward(rowptr, col, edge_value,
-  w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z, grad_z, mu, eps, max_iter, tol) ->
-  (grad_x, grad_chi, grad_p, grad_q, stats)``), with the semantics of
-  :func:`dignn_kernels.solvers.fixed_point`. Only where it is measured faster than the
+  (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr,
+  t_col, t_perm, storage_dtype) -> (z, w, kappa, stats)``) and adjoint
+  (``backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z,
+  grad_z, mu, eps, max_iter, tol, storage_dtype) -> (grad_x, grad_chi, grad_p, grad_q,
+  stats)``), with the semantics of :func:`dignn_kernels.solvers.fixed_point` (16-bit
+  ``storage_dtype``: of :func:`dignn_kernels.solvers.solve_forward` with it, for float32 x
+  and the dtypes in its ``storage_dtypes``). Only where it is measured faster than the
   solvers' loop over the passes: the compiled backends keep theirs (one C++ loop, no Python
   per sweep; see :mod:`dignn_kernels.backends.compiled`);
 - ``storage_dtypes``: the 16-bit dtypes (of :data:`STORAGE_DTYPES`) in which the backend's
@@ -75,6 +77,9 @@ class FusedSolve:
     """A backend's own fixed-point loop (see the module docstring for the signatures)."""
     forward: Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]]
     backward: Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]
+    # The 16-bit dtypes the loop stores iterates in, with float32 x (other storage: the
+    # solvers' loop over the passes).
+    storage_dtypes: Tuple[torch.dtype, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ custom op, so that it is traced too.
 With a 16-bit ``storage_dtype`` (fixed point, on a backend whose
 :attr:`~dignn_kernels.backends.interface.Backend.storage_dtypes` has it) the iterates of both
 solves, and the z and v the gradient pass gathers, are stored in that dtype (:func:`_stored`);
-the op returns z and the gradients in x's dtype. The projections p, q stay in x's dtype: the
+the op returns z and the gradients in x's dtype. A fused solve whose ``storage_dtypes`` has
+it runs such a solve with float32 x in its own loop, with the solvers' loop's results. The projections p, q stay in x's dtype: the
 edge weights' derivatives in them (tanh(|p_i . p_j|), with its kink at 0 and its saturation)
 turn a 16-bit rounding of p into errors of 2 % (float16) to 55 % (bfloat16) on the Θ
 gradients (bench/results/storage_dtype_cpu.json, "p_q_16bit_too"), and only two passes of a
@@ -96,12 +97,17 @@ def _effective_check_every(check_every: int, device: torch.device, solver: str) 
     return check_every if check_every >= 0 else default_check_every(device, solver)
 
 
-def _fused(backend_name: str, solver: str, storage_dtype: Optional[torch.dtype]):
-    """The backend's own fixed-point loop, where it runs this solve: fixed point, iterates in
-    the compute dtype (16-bit storage runs the solvers' loop over the passes)."""
-    if solver != "fixed_point" or storage_dtype is not None:
+def _fused(backend_name: str, solver: str, storage_dtype: Optional[torch.dtype], x: Tensor):
+    """The backend's own fixed-point loop, where it runs this solve: fixed point, with
+    iterates in the compute dtype or in a 16-bit dtype the loop stores (float32 x only); else
+    None, the solvers' loop over the passes."""
+    fused = get_backend(backend_name).fused_solve
+    if solver != "fixed_point" or fused is None:
         return None
-    return get_backend(backend_name).fused_solve
+    if storage_dtype is not None and (storage_dtype not in fused.storage_dtypes
+                                      or x.dtype != torch.float32):
+        return None
+    return fused
 
 
 def _stored(t: Optional[Tensor], storage_dtype: Optional[torch.dtype]) -> Optional[Tensor]:
@@ -127,11 +133,12 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
     stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    fused = _fused(backend, solver, storage_dtype)
+    fused = _fused(backend, solver, storage_dtype, x)
     if fused is not None:
         z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
-                                               eps, max_iter, tol, t_rowptr, t_col, t_perm)
-        diverged = fixed_point_diverged(x, z, chi, t_rowptr is None)
+                                               eps, max_iter, tol, t_rowptr, t_col, t_perm,
+                                               storage_dtype)
+        diverged = fixed_point_diverged(x, z, chi, t_rowptr is None, storage_dtype)
         return z, (w if p is not None else x.new_empty(0)), kappa_out, \
             _with_flag(stats, diverged)
     system, w, kappa_out = _system(get_backend(backend), rowptr, col, edge_value, chi, p, q,
@@ -169,12 +176,12 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     the z, v the gradient pass reads are in that dtype, the results in x's."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    fused = _fused(backend, solver, storage_dtype)
+    fused = _fused(backend, solver, storage_dtype, x)
     neural = p is not None
     if fused is not None:
         grad_x, grad_chi, grad_p, grad_q, stats = fused.backward(
             rowptr, col, edge_value, w if neural else edge_value, kappa, t_rowptr, t_col,
-            t_perm, x, chi, p, q, z, grad_z.contiguous(), mu, eps, max_iter, tol)
+            t_perm, x, chi, p, q, z, grad_z.contiguous(), mu, eps, max_iter, tol, storage_dtype)
         return grad_x, grad_chi, grad_p, grad_q, _with_flag(stats, ~torch.isfinite(stats[1]))
     passes = get_backend(backend)
     system, _, _ = _system(passes, rowptr, col, edge_value, chi, p, q, kappa, mu, eps,
