@@ -14,7 +14,8 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import ops, reference, synthetic
 from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
-from gpu_op_cases import OpInputs, check_against_cpu, check_storage16, graph_case
+from gpu_op_cases import (OpInputs, check_against_cpu, check_fused_storage16, check_storage16,
+                          graph_case)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -89,6 +90,17 @@ def test_16bit_storage(kind, n, d, h, storage_dtype):
     pass's products differently per instantiation: 1e-6 there)."""
     check_storage16(cuda_run, graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
                     storage_dtype, grad_tol=1e-6, context=f"{kind} d={d}")
+
+
+@pytest.mark.parametrize("storage_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind,n,d,h", [("symmetric", 40, 8, 4), ("directed", 40, 6, 3),
+                                        ("hub", 600, 64, 64)])
+def test_fused_solves_with_16bit_storage(kind, n, d, h, storage_dtype):
+    """The fused forward and backward with 16-bit iterates: the CPU kernels' iteration counts
+    (early stops on the device flag included) and values to a 16-bit rounding
+    (gpu_op_cases.check_fused_storage16)."""
+    check_fused_storage16(cuda_run, graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
+                          storage_dtype, context=kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
