@@ -111,6 +111,10 @@ def test_summary():
             t16, m16 = RESULTS[name]
             lines.append(f"{name:10s}{t16 * 1e3:9.1f} ms  peak growth {m16:8.1f} MB   "
                          f"{tf / t16:5.2f}x the float32 fused step")
+    if {"fused_bf16", "solvers_loop_bf16"} <= set(RESULTS):
+        gain = RESULTS["solvers_loop_bf16"][0] / RESULTS["fused_bf16"][0]
+        lines.append(f"bf16 fused loop {gain:.2f}x faster than the solvers' loop (the same "
+                     f"results)")
     print("\n" + "\n".join(lines))
     assert tc / tf >= 10 and tr / tf >= 100 and mf <= mc / 20, "\n".join(lines)
 

@@ -382,6 +382,50 @@ def test_storage_dtype_step(benchmark, backend, storage):
     STORAGE[(backend, storage)] = info
 
 
+FUSED16 = {}  # graph -> the cuda bf16 step in its fused loop and in the solvers' loop
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
+def test_storage_fused_loop(benchmark, graph_name):
+    """The cuda backend's bfloat16-storage training step (h = d = 64, 10 + 10 iterations) in
+    its fused C++ loop against the solvers' Python loop over the same passes (its fused loop
+    taken away; the same results), interleaved: what running 16-bit solves in the fused loop
+    saves on the GPU (launches, host work, the loop's norms and copies)."""
+    if "cuda" not in dk.available_backends(device()):
+        pytest.skip("backend 'cuda' is not available in this build")
+    import dataclasses
+    from dignn_kernels import backends
+    ei, n, _ = load_graph(graph_name)
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+    torch.manual_seed(0)
+    layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0, backend="cuda",
+                                      storage_dtype=torch.bfloat16).to(device())
+    step = make_step("cuda", ei, x, layer)
+    fused = backends._REGISTRY["cuda"]
+    loops = {"fused": fused, "solvers": dataclasses.replace(fused, fused_solve=None)}
+
+    def timed(loop):
+        backends._REGISTRY["cuda"] = loops[loop]
+        try:
+            step()
+        finally:
+            backends._REGISTRY["cuda"] = fused
+
+    times = {loop: [] for loop in loops}
+    for loop in loops:
+        timed(loop)  # warm-up
+    for _ in range(ROUNDS["cuda"]):
+        for loop in loops:
+            times[loop].append(_event_ms(lambda: timed(loop), 1))
+    benchmark.pedantic(lambda: (timed("fused"), torch.cuda.synchronize()), rounds=5,
+                       iterations=1)
+    info = {f"{loop}_ms_per_step": statistics.median(t) for loop, t in times.items()}
+    benchmark.extra_info.update(info, device=torch.cuda.get_device_name())
+    FUSED16[graph_name] = info
+
+
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
 def test_kernel_times(benchmark, graph_name, backend):
@@ -526,6 +570,9 @@ def test_summary():
                     f"{g} cached sweep, {v} iterates, cuda over triton",
                     SWEEPS[(g, "cuda", v)]["sweep_ms"] / SWEEPS[(g, "triton", v)]["sweep_ms"],
                     1.0, higher_is_better=False))
+    for g, c in FUSED16.items():
+        lines.append(f"{g} cuda bfloat16 step: fused loop {c['fused_ms_per_step']:.2f} ms, "
+                     f"solvers' loop {c['solvers_ms_per_step']:.2f} ms")
     for b in ("cuda", "triton"):
         if not all((b, v) in STORAGE for v in STORAGE_VARIANTS):
             continue

@@ -147,9 +147,16 @@ def _norm(t: Tensor, reduce: Reduce = None) -> Tensor:
     return reduce(_wide(t).square().sum(dtype=torch.float64)).sqrt()
 
 
-def _weighted_sq(t: Tensor, weight: Tensor, reduce: Reduce = None) -> Tensor:
-    return _global((_wide(t).square().sum(dim=1, dtype=torch.float64) * weight.double()).sum(),
-                   reduce)
+def _row_sq(t: Tensor) -> Tensor:
+    """||t_i||^2 of every row in float64, from one read of t: the reduction widens each element
+    (16-bit storage included) without a widened or squared copy of t."""
+    return torch.linalg.vector_norm(t, dim=1, dtype=torch.float64).square()
+
+
+def _weighted_sq(t: Tensor, weight: Tensor, reduce: Reduce = None, row_sq=None) -> Tensor:
+    """sum_i weight_i ||t_i||^2 (``row_sq``: t's :func:`_row_sq`, if at hand)."""
+    row_sq = _row_sq(t) if row_sq is None else row_sq
+    return _global((row_sq * weight.double()).sum(), reduce)
 
 
 def _start(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None, reduce: Reduce = None):
@@ -206,10 +213,11 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
         for k in range(1, max_iter):
             y_next = step(y)
             res = _norm(y_next - y, reduce)  # the residual of y_{k-1}
-            size = _norm(y_next, reduce)
+            row_sq = _row_sq(y_next)  # one read of y_next for its norm and the certificate's
+            size = _global(row_sq.sum(), reduce).sqrt()
             bad = ~torch.isfinite(res)
             if bound is not None:
-                bad = bad | (_weighted_sq(y_next, certificate, reduce) > bound)
+                bad = bad | (_weighted_sq(y_next, certificate, reduce, row_sq) > bound)
             rel = res / size.clamp_min(tiny)
             history[k - 1] = rel
             live = ~done
