@@ -5,7 +5,8 @@
 // The kernels (a Passes class, csrc/ops/passes.h) take 16 bits in two places only, both with
 // float32 compute: the row pass's iterates y and out, and the gradient pass's z and v (both in
 // the same 16-bit dtype). They widen every such load exactly and sum in float32; the row pass
-// rounds its output to nearest even on the store, as torch's .to(dtype) does. Everything else
+// rounds its output to nearest even on the store, as torch's .to(dtype) does, and a solve's
+// step norms are of that rounded output (the iterate as stored). Everything else
 // reaches them in the compute dtype (that of the edge values):
 // - b, p and q are widened once per pass (exact). b is read once per row, not gathered; p and q
 //   are gathered, but the edge weights' derivatives are sensitive to their rounding and a solve
