@@ -82,6 +82,13 @@ def main(argv=None) -> int:
             print(f"{name:<18} {backend:<7}{' compiled' if compiled else '':<9} "
                   f"{row['ms_per_epoch']:>8.2f} ms/epoch  backend {','.join(row['backend'])}",
                   flush=True)
+            _write(out, rows, skipped, args, argv)  # after every row: a timeout keeps them
+    print(f"wrote {_write(out, rows, skipped, args, argv)}")
+    return 0 if rows else 1
+
+
+def _write(out, rows, skipped, args, argv) -> Path:
+    """The JSON of the rows so far (OUT/gpu_<device>_epochs.json); returns its path."""
     device = rows[0]["device_name"] if rows else args.device
     slug = re.sub("[^a-z0-9]+", "_", device.lower().replace("nvidia ", "")).strip("_")
     result = {"device": device, "torch": rows[0]["torch"] if rows else None,
@@ -91,8 +98,7 @@ def main(argv=None) -> int:
               "rows": rows, "skipped": skipped}
     path = out / f"gpu_{slug}_epochs.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
-    return 0 if rows else 1
+    return path
 
 
 if __name__ == "__main__":

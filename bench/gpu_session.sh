@@ -29,7 +29,8 @@
 #         to the GPU machine with the tree); graphs whose files are missing are skipped and the
 #         summaries say so.
 # Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, LOCALITY_TIMEOUT
-#         (seconds; default 200, 190, 170, 150, 420).
+#         (seconds; default 200, 240, 170, 100, 420: 296 GPU tests since 2026-11-24, where the
+#         first GPU run took 77 s for 149; the build takes about 40 s of its 200).
 set -x -o pipefail
 
 MODE="${1:-all}"
@@ -97,7 +98,8 @@ $PY -c 'import dignn_kernels as dk; print("installed:", dk.__file__, dk._build_i
 
 tests_rc=null
 if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "tests" ]; }; then
-  timeout "${TESTS_TIMEOUT:-190}" $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider \
+  timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider \
+    --durations=25 \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
   tests_rc=$?
 fi
@@ -112,7 +114,7 @@ fi
 
 epochs_rc=null
 if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; then
-  timeout "${EPOCHS_TIMEOUT:-150}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda \
+  timeout "${EPOCHS_TIMEOUT:-100}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda \
     2>&1 | tee "$OUT/epochs.log"
   epochs_rc=$?
 fi
