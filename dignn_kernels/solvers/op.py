@@ -18,8 +18,9 @@ the op returns z and the gradients in x's dtype. A fused solve whose ``storage_d
 it runs such a solve with float32 x in its own loop, with the solvers' loop's results. The
 projections p, q stay in x's dtype: the edge weights' derivatives in them (tanh(|p_i . p_j|),
 with its kink at 0 and its saturation) turn a 16-bit rounding of p into errors of 2 %
-(float16) to 55 % (bfloat16) on the Θ gradients (bench/results/storage_dtype_cpu.json, "p_q_16bit_too"), and only two passes of a
-step read them, against some 18 row passes over the iterates.
+(float16) to 55 % (bfloat16) on the Θ gradients (bench/results/storage_dtype_cpu.json,
+"p_q_16bit_too"), and only two passes of a step read them, against some 18 row passes over
+the iterates.
 """
 import warnings
 import weakref
