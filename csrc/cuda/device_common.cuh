@@ -83,45 +83,36 @@ DIGNN_DEV void store(T* ptr, const Pack<T, V>& p) {
 #endif
 }
 
-// 16-bit storage (launch.h): V channels stored as S, loaded read-only and widened (exactly) to
-// the compute type T; S == T is load_ro itself.
-template <typename T, int V, typename S>
-DIGNN_DEV Pack<T, V> load_ro_as(const S* ptr) {
-  if constexpr (std::is_same<S, T>::value) {
-    return load_ro<T, V>(ptr);
-  } else {
-    const Pack<S, V> s = load_ro<S, V>(ptr);
-    Pack<T, V> p;
-    DIGNN_UNROLL
-    for (int c = 0; c < V; ++c) p.v[c] = static_cast<T>(s.v[c]);
-    return p;
-  }
-}
-
-// V channels of T stored as S: rounded to nearest even (c10's conversion); S == T is store.
-template <typename T, int V, typename S>
-DIGNN_DEV void store_as(S* ptr, const Pack<T, V>& p) {
-  if constexpr (std::is_same<S, T>::value) {
-    store<T, V>(ptr, p);
-  } else {
-    Pack<S, V> s;
-    DIGNN_UNROLL
-    for (int c = 0; c < V; ++c) s.v[c] = static_cast<S>(p.v[c]);
-    store<S, V>(ptr, s);
-  }
-}
-
-// p as store_as stores it, widened back: each channel rounded to S (S == T: p itself).
-template <typename S, typename T, int V>
-DIGNN_DEV Pack<T, V> as_stored(const Pack<T, V>& p) {
-  if constexpr (std::is_same<S, T>::value) {
+// 16-bit storage (launch.h): V channels converted between the compute type T and the storage
+// type S, each with c10's conversion (widening exact, narrowing to nearest even); S == T: p.
+template <typename To, typename From, int V>
+DIGNN_DEV Pack<To, V> converted(const Pack<From, V>& p) {
+  if constexpr (std::is_same<To, From>::value) {
     return p;
   } else {
-    Pack<T, V> r;
+    Pack<To, V> r;
     DIGNN_UNROLL
-    for (int c = 0; c < V; ++c) r.v[c] = static_cast<T>(static_cast<S>(p.v[c]));
+    for (int c = 0; c < V; ++c) r.v[c] = static_cast<To>(p.v[c]);
     return r;
   }
+}
+
+// V channels stored as S, loaded read-only and widened to T.
+template <typename T, int V, typename S>
+DIGNN_DEV Pack<T, V> load_ro_as(const S* ptr) {
+  return converted<T>(load_ro<S, V>(ptr));
+}
+
+// V channels of T stored as S.
+template <typename T, int V, typename S>
+DIGNN_DEV void store_as(S* ptr, const Pack<T, V>& p) {
+  store<S, V>(ptr, converted<S>(p));
+}
+
+// p as store_as stores it, widened back (S == T: p itself).
+template <typename S, typename T, int V>
+DIGNN_DEV Pack<T, V> as_stored(const Pack<T, V>& p) {
+  return converted<T>(converted<S>(p));
 }
 
 template <typename T, int V>

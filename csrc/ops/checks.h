@@ -44,9 +44,10 @@ inline int64_t num_rows(const at::Tensor& rowptr) { return rowptr.numel() - 1; }
 // 16-bit storage (a solve's storage_dtype; csrc/ops/storage.h): the iterates and projections
 // the row and gradient passes and the neural edge weights read may be bfloat16 or float16; the
 // edge values, coefficients and outputs other than the row pass's stay in the compute dtype.
-inline bool is_storage16(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+inline bool is_storage16(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf;
 }
+inline bool is_storage16(const at::Tensor& t) { return is_storage16(t.scalar_type()); }
 
 // A 16-bit t where the op takes none (storage16 false): raises saying which ops take it.
 inline void check_storage16_supported(const at::Tensor& t, const char* name, bool storage16) {
@@ -109,7 +110,7 @@ using OptDtype = c10::optional<at::ScalarType>;
 // float32 compute (x's dtype), the combination every backend's kernels take.
 inline void check_solve_storage(const OptDtype& storage_dtype, const at::Tensor& x) {
   if (!storage_dtype.has_value()) return;
-  TORCH_CHECK(*storage_dtype == at::kBFloat16 || *storage_dtype == at::kHalf,
+  TORCH_CHECK(is_storage16(*storage_dtype),
               "storage_dtype must be None (iterates in x's dtype), torch.bfloat16 or "
               "torch.float16, got ", *storage_dtype);
   TORCH_CHECK(x.scalar_type() == at::kFloat, "storage_dtype=", *storage_dtype,

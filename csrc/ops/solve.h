@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "ops/checks.h"
 #include "ops/passes.h"
@@ -48,9 +49,19 @@ inline at::ScalarType iterate_storage(const OptDtype& storage_dtype, int64_t max
   return storage_dtype.has_value() && max_iter > 1 ? *storage_dtype : at::ScalarType::Undefined;
 }
 
-// Y_1 = B as a solve stores it: rounded to the 16-bit storage dtype, else a copy.
-inline at::Tensor first_iterate(const at::Tensor& b, at::ScalarType storage) {
-  return storage != at::ScalarType::Undefined ? b.to(storage) : b.clone();
+// Iteration 1 of a solve from Y_0 = 0: Y_1 = B as the solve stores it (rounded to the 16-bit
+// storage dtype, else a copy), and the residual of Y_1 as stored (widened: the residual takes
+// the compute dtype).
+template <typename Passes>
+std::pair<Iterates, typename Passes::Residual> start_solve(const Passes& passes,
+                                                           const at::Tensor& b,
+                                                           at::ScalarType storage, double tol) {
+  if (storage == at::ScalarType::Undefined) {
+    return {Iterates{b.clone(), at::Tensor()}, passes.first_iteration(b, tol)};
+  }
+  Iterates y{b.to(storage), at::Tensor()};
+  typename Passes::Residual residual = passes.first_iteration(y.current.to(b.scalar_type()), tol);
+  return {std::move(y), std::move(residual)};
 }
 
 // t as a pass reads it in a solve: rounded to the 16-bit storage dtype, else t itself.
@@ -104,9 +115,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
   const bool stored = storage != at::ScalarType::Undefined;  // 16-bit iterates (file's head)
 
   // Iteration 1 from Z_0 = 0 gives Z_1 = X (eq. iter), stored as Z_1 = round(X).
-  Iterates z{first_iterate(x, storage), at::Tensor()};
-  typename Passes::Residual residual =
-      passes.first_iteration(stored ? z.current.to(x.scalar_type()) : x, tol);
+  auto start = start_solve(passes, x, storage, tol);
+  Iterates& z = start.first;
+  typename Passes::Residual& residual = start.second;
   if (n == 0) z.current = x.clone();
 
   // Fixed weights: W = edge_value, kappa given or its row sums. Neural (eq. 13-14): made by
@@ -187,9 +198,9 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
   // u_0 = 0, so u_1 = g (stored as round(g) with 16-bit iterates, see the file's head).
   const at::ScalarType storage = iterate_storage(storage_dtype, max_iter);
   const bool stored = storage != at::ScalarType::Undefined;
-  Iterates u{first_iterate(g, storage), at::Tensor()};
-  typename Passes::Residual residual =
-      passes.first_iteration(stored ? u.current.to(g.scalar_type()) : g, tol);
+  auto start = start_solve(passes, g, storage, tol);
+  Iterates& u = start.first;
+  typename Passes::Residual& residual = start.second;
   at::Tensor adjoint = n > 0 ? u.current : g.clone();  // u
   std::optional<typename Passes::Csr> t_csr;
   if (n > 0) {
