@@ -3,6 +3,8 @@
 Run with ``pytest bench/ --benchmark-json bench/results/<name>.json``; set DIGNN_DATA to the
 folder that holds the datasets (default: ../shared/data next to the checkout).
 """
+import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -24,6 +26,21 @@ def load_facebook100(name: str):
     adj = scipy.io.loadmat(str(path))["A"].tocoo()
     edge_index = torch.from_numpy(np.vstack([adj.row, adj.col]).astype(np.int64))
     return edge_index, adj.shape[0]
+
+
+@contextlib.contextmanager
+def solvers_loop(backend: str, enabled: bool = True):
+    """While the block runs (if ``enabled``), backend ``backend`` without its fused solve: its
+    solves take the solvers' Python loop over its passes (the same results, the loop the
+    fused one replaces)."""
+    from dignn_kernels import backends
+    fused = backends._REGISTRY[backend]
+    if enabled:
+        backends._REGISTRY[backend] = dataclasses.replace(fused, fused_solve=None)
+    try:
+        yield
+    finally:
+        backends._REGISTRY[backend] = fused
 
 
 class PeakMemory:

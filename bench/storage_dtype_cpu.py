@@ -21,7 +21,6 @@ the last iteration rounded like the others.
 The parts named on the command line (default: all) are run and replace those keys of an
 existing result file; the others are kept.
 """
-import dataclasses
 import json
 import os
 import statistics
@@ -37,7 +36,7 @@ from dignn_kernels.backends import pytorch as torch_backend
 from dignn_kernels.solvers import loops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import load_facebook100  # noqa: E402  (bench/conftest.py)
+from conftest import load_facebook100, solvers_loop  # noqa: E402  (bench/conftest.py)
 
 CHANNELS = 64
 ITERS = 10
@@ -72,15 +71,9 @@ def speed(backend):
         torch.manual_seed(0)
         layers[name] = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
                                                  backend=backend, storage_dtype=dtype)
-    fused = backends._REGISTRY[backend]
-    solvers_loop = dataclasses.replace(fused, fused_solve=None)
-
     def step(name):
-        backends._REGISTRY[backend] = solvers_loop if name in SOLVERS_LOOP else fused
-        try:
+        with solvers_loop(backend, enabled=name in SOLVERS_LOOP):
             return step_outputs(layers[name], x, edge_index)
-        finally:
-            backends._REGISTRY[backend] = fused
 
     outputs = {name: step(name) for name in variants}
     times = {name: [] for name in variants}

@@ -22,7 +22,6 @@ round by round: the gathers of neighbour rows bound it, and 16-bit iterates halv
 
     pytest bench/test_cpu_speed.py --benchmark-json bench/results/cpu_cornell5.json
 """
-import dataclasses
 import os
 import platform
 
@@ -30,8 +29,8 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import backends, reference
-from conftest import PeakMemory, load_facebook100
+from dignn_kernels import reference
+from conftest import PeakMemory, load_facebook100, solvers_loop
 
 CHANNELS = 64
 ITERS = 10
@@ -64,17 +63,10 @@ def _step_fn(variant, edge_index, x, layer):
         return step
     layer.backend = "torch" if variant == "composed" else "cpu"
     layer.storage_dtype = STORAGE[variant]
-    fused = backends._REGISTRY["cpu"]
-    registry = dataclasses.replace(fused, fused_solve=None) \
-        if variant.startswith("solvers_loop") else fused
-
     def step():
-        backends._REGISTRY["cpu"] = registry
-        try:
+        with solvers_loop("cpu", enabled=variant.startswith("solvers_loop")):
             z = layer(xr, edge_index)
             z.square().sum().backward()
-        finally:
-            backends._REGISTRY["cpu"] = fused
         xr.grad = None
     return step
 

@@ -60,7 +60,7 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import reference, synthetic
-from conftest import load_facebook100
+from conftest import load_facebook100, solvers_loop
 from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -394,8 +394,6 @@ def test_storage_fused_loop(benchmark, graph_name):
     saves on the GPU (launches, host work, the loop's norms and copies)."""
     if "cuda" not in dk.available_backends(device()):
         pytest.skip("backend 'cuda' is not available in this build")
-    import dataclasses
-    from dignn_kernels import backends
     ei, n, _ = load_graph(graph_name)
     torch.manual_seed(1)
     x = torch.randn(n, CHANNELS, device=device())
@@ -403,15 +401,11 @@ def test_storage_fused_loop(benchmark, graph_name):
     layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0, backend="cuda",
                                       storage_dtype=torch.bfloat16).to(device())
     step = make_step("cuda", ei, x, layer)
-    fused = backends._REGISTRY["cuda"]
-    loops = {"fused": fused, "solvers": dataclasses.replace(fused, fused_solve=None)}
+    loops = ("fused", "solvers")
 
     def timed(loop):
-        backends._REGISTRY["cuda"] = loops[loop]
-        try:
+        with solvers_loop("cuda", enabled=loop == "solvers"):
             step()
-        finally:
-            backends._REGISTRY["cuda"] = fused
 
     times = {loop: [] for loop in loops}
     for loop in loops:
