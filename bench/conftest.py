@@ -29,18 +29,24 @@ def load_facebook100(name: str):
 
 
 @contextlib.contextmanager
-def solvers_loop(backend: str, enabled: bool = True):
-    """While the block runs (if ``enabled``), backend ``backend`` without its fused solve: its
-    solves take the solvers' Python loop over its passes (the same results, the loop the
-    fused one replaces)."""
+def without(backend: str, part: str, enabled: bool = True):
+    """While the block runs (if ``enabled``), backend ``backend`` without its optional
+    ``part`` of the pass interface: "fused_solve" (its solves take the solvers' Python loop
+    over its passes) or "row_step" (that loop takes its norms from the row pass's output).
+    The same results, the path the part replaces."""
     from dignn_kernels import backends
-    fused = backends._REGISTRY[backend]
+    whole = backends._REGISTRY[backend]
     if enabled:
-        backends._REGISTRY[backend] = dataclasses.replace(fused, fused_solve=None)
+        backends._REGISTRY[backend] = dataclasses.replace(whole, **{part: None})
     try:
         yield
     finally:
-        backends._REGISTRY[backend] = fused
+        backends._REGISTRY[backend] = whole
+
+
+def solvers_loop(backend: str, enabled: bool = True):
+    """:func:`without` the fused solve: the solvers' loop over the backend's passes."""
+    return without(backend, "fused_solve", enabled)
 
 
 class PeakMemory:

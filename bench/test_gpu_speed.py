@@ -29,6 +29,8 @@ weight iteration alone and the gather floor on the same graph and features (a ke
 gathers the neighbour rows, bench/gather_floor.py; goal: the iteration within 1.3x of it);
 test_cached_sweep_storage times one cached row pass per backend with float32 and bfloat16
 iterates, each beside the gather floor in its dtype (goal: cuda at most triton's time);
+test_triton_row_step times the triton step with the backend's row step (the solvers' fixed
+point takes its norms from the sweep) against the same loop on its row pass alone;
 test_kernel_times profiles the training step above (cornell5 and the Penn94-shaped graph, cuda
 and triton backends) with torch.profiler and sums the device time and the launches per kernel
 role (bench/kernel_times.py: cached row pass, neural row pass, gradient pass, heavy-row combine,
@@ -60,7 +62,7 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import reference, synthetic
-from conftest import load_facebook100, solvers_loop
+from conftest import load_facebook100, solvers_loop, without
 from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -420,6 +422,46 @@ def test_storage_fused_loop(benchmark, graph_name):
     FUSED16[graph_name] = info
 
 
+ROW_STEP = {}  # graph -> the triton step with its row step and on its row pass alone
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graph_name", GOAL_GRAPHS + ("products",))
+def test_triton_row_step(benchmark, graph_name):
+    """The triton training step (float32, h = d = 64, 10 + 10 iterations; its solves run in
+    the solvers' loop) with the backend's row step, whose sweeps return the norms of the
+    stopping test and the certificate and write nothing once done, against the same loop on
+    the row pass alone, which reads each iterate again for those norms and keeps it with a
+    torch.where per sweep (about 8 n x d element reads and writes a sweep); interleaved, the
+    same results."""
+    if "triton" not in dk.available_backends(device()):
+        pytest.skip("backend 'triton' is not available in this build")
+    ei, n = products_sized_graph() if graph_name == "products" else load_graph(graph_name)[:2]
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device())
+    torch.manual_seed(0)
+    layer = dk.FusedImplicitDiffusion(CHANNELS, mu=2.2, max_iter=ITERS, tol=0.0,
+                                      backend="triton").to(device())
+    step = make_step("triton", ei, x, layer)
+    loops = ("row_step", "row_pass")
+
+    def timed(loop):
+        with without("triton", "row_step", enabled=loop == "row_pass"):
+            step()
+
+    times = {loop: [] for loop in loops}
+    for loop in loops:
+        timed(loop)  # warm-up
+    for _ in range(5 if graph_name == "products" else ROUNDS["triton"]):
+        for loop in loops:
+            times[loop].append(_event_ms(lambda: timed(loop), 1))
+    benchmark.pedantic(lambda: (timed("row_step"), torch.cuda.synchronize()), rounds=3,
+                       iterations=1)
+    info = {f"{loop}_ms_per_step": statistics.median(t) for loop, t in times.items()}
+    benchmark.extra_info.update(info, device=torch.cuda.get_device_name())
+    ROW_STEP[graph_name] = info
+
+
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
 def test_kernel_times(benchmark, graph_name, backend):
@@ -567,6 +609,9 @@ def test_summary():
     for g, c in FUSED16.items():
         lines.append(f"{g} cuda bfloat16 step: fused loop {c['fused_ms_per_step']:.2f} ms, "
                      f"solvers' loop {c['solvers_ms_per_step']:.2f} ms")
+    for g, c in ROW_STEP.items():
+        lines.append(f"{g} triton step: row step {c['row_step_ms_per_step']:.2f} ms, row pass "
+                     f"alone {c['row_pass_ms_per_step']:.2f} ms")
     for b in ("cuda", "triton"):
         if not all((b, v) in STORAGE for v in STORAGE_VARIANTS):
             continue

@@ -330,6 +330,70 @@ def test_python_fixed_point_matches_compiled_loop(unfused_cpu):
         assert torch.allclose(stats[:3], want_stats, rtol=1e-12)
 
 
+def composed_row_step(row_pass):
+    """The pass interface's row step (interface.RowStep) composed from a row pass: the
+    contract the Triton kernels implement, on any backend's passes."""
+    def row_step(rowptr, col, w, y, b, cy, rs, out, done, c):
+        new = row_pass(rowptr, col, w, y, b, cy, rs)
+        live = (~done).double()
+        wide, before = new.double(), y.double()
+        out.copy_(torch.where(done, out, new))
+        row_sq = wide.square().sum(dim=1)
+        return live * torch.stack([(wide - before).square().sum(), row_sq.sum(),
+                                   (c.double() * row_sq).sum()])
+    return row_step
+
+
+ROW_STEP_CASES = [  # (graph, laplacian, mu, max_iter, tol, storage): stops, diverges, edges
+    ("weighted", "rw", 2.2, 200, 1e-7, None),  # converges early
+    ("directed", "rw", 2.2, 12, 0.0, None),  # every sweep, a directed adjoint
+    ("symmetric", "rw", 0.5, 400, 0.0, None),  # breaks the certificate: diverged
+    ("symmetric", "rw", 0.5, 2, 0.0, None),
+    ("weighted", "sym", 2.2, 1, 1e-7, None),  # no sweep
+    ("zero_rows", "rw", 2.2, 60, 1e-4, torch.bfloat16),
+    ("directed", "rw", 2.2, 9, 0.0, torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", ROW_STEP_CASES)
+def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
+    """The fixed point on a backend's row step (two buffers, the norms from the sweep, done
+    sweeps that write nothing, the last accepted iterate picked at the end) gives what the
+    loop on the row pass gives: the same iterate bit for bit, the same sweeps and flags and
+    the same residuals, reading the flag every sweep, every 3 sweeps or never, forward and
+    adjoint, from X = 0 too."""
+    kind, laplacian, mu, max_iter, tol, storage = case
+    x, ei, w = make_graph(kind, n=40, d=5, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
+    t = g.transposed() or (None, None, None)
+    stepped = dataclasses.replace(CPU, fused_solve=None,
+                                  row_step=composed_row_step(CPU.row_pass))
+    systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu,
+                                         t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+               for backend in (CPU, stepped)]
+    assert systems[0].step_with_sums(False, x) is None
+    diverged = []
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        for rhs in (x, torch.zeros_like(x)):
+            for check_every in (1, 3, 0):
+                plain, on_step = (solve(system, rhs, "fixed_point", max_iter=max_iter, tol=tol,
+                                        check_every=check_every, storage_dtype=storage)
+                                  for system in systems)
+                assert torch.equal(on_step.solution, plain.solution)
+                assert on_step.solution.dtype == x.dtype
+                assert int(on_step.sweeps) == int(plain.sweeps)
+                assert bool(on_step.diverged) == bool(plain.diverged)
+                # 16-bit: the row step sums the exact differences of the stored iterates (as
+                # the fused loops do), the plain loop their difference rounded to 16 bits
+                rtol = 1e-5 if storage is None else 1e-3
+                assert torch.allclose(on_step.stats(), plain.stats(), rtol=rtol, atol=1e-30)
+                assert torch.allclose(on_step.history, plain.history, rtol=rtol,
+                                      equal_nan=True)
+                diverged.append(bool(plain.diverged))
+    assert any(diverged) == (mu < 1.0)  # mu = 0.5 breaks the certificate at sweep 1 already
+
+
 def test_solve_history_and_stats():
     x, ei, w = make_graph("weighted", n=40, d=5)
     g = dk.build_graph(ei, x.size(0), w)

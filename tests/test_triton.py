@@ -320,6 +320,85 @@ def test_solve_stops_where_the_compiled_loop_stops(device):
     assert float(s1[0]) == 1 and not bool(z1.any())
 
 
+ROW_STEP_CASES = [("hub", 80, 5, torch.float32, None, 3), ("directed", 12, 131, torch.float64,
+                                                            None, 64),
+                  ("hub", 80, 6, torch.float32, torch.bfloat16, 3),
+                  ("symmetric", 20, 7, torch.float32, torch.float16, 64)]
+
+
+@pytest.mark.parametrize("kind,n,d,dtype,storage,chunk", ROW_STEP_CASES, indirect=["chunk"])
+def test_row_step_is_the_row_pass_with_its_sums(device, kind, n, d, dtype, storage, chunk):
+    """row_step writes what csr_fma returns, bit for bit (heavy rows, channel tiles and 16-bit
+    iterates included), and returns the sums of its stored output: ||out - y||^2, ||out||^2 and
+    sum_i c_i ||out_i||^2; once done it writes and loads nothing and its sums are 0."""
+    g, x, p, q, a, chi = graph_inputs(kind, n=n, d=d, dtype=dtype)
+    gen = torch.Generator().manual_seed(3)
+    y = torch.randn(x.shape, generator=gen, dtype=dtype).to(storage or dtype)
+    w, cy, rs = (torch.rand(m, generator=gen, dtype=dtype) for m in (g.num_edges,) + 2 * (n,))
+    c = chi.abs() + 0.5
+    rp, cl, wd, yd, xd, cyd, rsd, cd = to(device, g.rowptr, g.col, w, y, x, cy, rs, c)
+    want = tk.csr_fma(rp, cl, wd, yd, xd, cyd, rsd)
+    out = torch.full_like(yd, 7.0)
+    sums = torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, out,
+                                           torch.tensor(False, device=device), cd)
+    assert out.dtype == yd.dtype and torch.equal(out, want)
+    wide, before = want.cpu().double(), y.double()
+    expected = torch.stack([(wide - before).square().sum(), wide.square().sum(),
+                            (c.double() * wide.square().sum(dim=1)).sum()])
+    assert sums.dtype == torch.float64 and on_device(sums, device)
+    assert torch.allclose(sums.cpu(), expected, rtol=1e-12 if dtype == torch.float64 else 1e-5)
+    sums = torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, out,
+                                           torch.tensor(True, device=device), cd)
+    assert torch.equal(out, want) and not bool(sums.any())  # done: out as it was
+    kept = torch.full_like(yd, 7.0)
+    torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, kept,
+                                    torch.tensor([True], device=device), cd)
+    assert bool((kept == 7.0).all())
+
+
+STEP_SOLVES = [("symmetric", "rw", 2.2, 60, 1e-6, None), ("directed", "neural", 2.2, 8, 0.0,
+                                                          None),
+               ("symmetric", "rw", 0.5, 200, 0.0, None),
+               ("directed", "rw", 2.2, 30, 1e-3, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("kind,laplacian,mu,max_iter,tol,storage", STEP_SOLVES)
+def test_fixed_point_on_the_row_step_equals_the_row_pass_loop(device, kind, laplacian, mu,
+                                                              max_iter, tol, storage):
+    """The solvers' fixed point on the Triton row step (the norms from the sweep, done
+    sweeps that write nothing) against the same loop on the Triton row pass: the same
+    iterate bit for bit, sweeps, divergence flag and residuals, forward and adjoint, with
+    the flag read every sweep, every 4 sweeps or never."""
+    x, ei, w = make_graph(kind, n=30, d=6, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    if laplacian == "neural":
+        layer = make_layer(6, "neural", dtype=torch.float32)
+        a, degree = g.values(x.dtype)
+        chi, p, q = layer._projections(x, degree)
+        wf, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p.detach(), q.detach())
+        chi = chi.detach()
+    else:
+        wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
+    t = g.transposed() or (None, None, None)
+    args = to(device, g.rowptr, g.col, wf, chi, kappa)
+    systems = [dk.solvers.EquilibriumSystem(backend, *args[:3], *args[3:], mu,
+                                            **dict(zip(("t_rowptr", "t_col", "t_perm"),
+                                                       to(device, *t))))
+               for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_step=None))]
+    assert systems[1].step_with_sums(False, x) is None
+    xd = x.to(device)
+    for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
+        for check_every in (1, 4, 0):
+            on_step, plain = (solve(system, xd, "fixed_point", max_iter=max_iter, tol=tol,
+                                    check_every=check_every, storage_dtype=storage)
+                              for system in systems)
+            assert torch.equal(on_step.solution, plain.solution)
+            assert int(on_step.sweeps) == int(plain.sweeps)
+            assert bool(on_step.diverged) == bool(plain.diverged) == (mu < 1.0)
+            rtol = 1e-5 if storage is None else 1e-3  # see tests/test_solvers.py
+            assert torch.allclose(on_step.stats(), plain.stats(), rtol=rtol)
+
+
 def test_opcheck_every_op(device):
     g, x, p, q, a, chi = graph_inputs("directed", n=10, d=3, h=2)
     t = dk.graph.transpose_csr(g.rowptr, g.col, g.num_nodes)
@@ -333,6 +412,9 @@ def test_opcheck_every_op(device):
         "neural_edge_weights": [(rp, cl, a, p, q, 1e-6), (rp, cl, a, *req(p, q), 1e-6)],
         "neural_edge_weights_backward": [(rp, cl, a, p, q, 1e-6, torch.randn_like(w), *t)],
         "csr_fma": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
+        "row_step": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi),
+                      torch.empty_like(z), torch.tensor(flag, device=device), chi.abs())
+                     for flag in (False, True)],
         "neural_weight_grad": [(rp, cl, a, p, q, z, v, 1e-6, *t), (rp, cl, a, p, q, z, v, 1e-6)],
     }
     assert set(cases) == {name for name in dir(torch.ops.dignn_triton)
@@ -460,6 +542,18 @@ def test_bad_input_is_named(device):
         tk.diffusion_step(rp, cl, a, chi.half(), chi.half(), x.half(), x.half(), 2.0)
     with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
         tk.neural_weight_grad(rp, cl, a, p, q, x, x, 1e-6, rp)
+    step = torch.ops.dignn_triton.row_step
+    done = torch.tensor(False, device=device)
+    with pytest.raises(RuntimeError, match="out must not be y"):
+        step(rp, cl, a, x, x, chi, chi, x, done, chi)
+    with pytest.raises(RuntimeError, match=r"out must have shape \[20, 5\]"):
+        step(rp, cl, a, x, x, chi, chi, x[:, :4].clone(), done, chi)
+    with pytest.raises(RuntimeError, match="out must be contiguous"):
+        step(rp, cl, a, x, x, chi, chi, x.new_empty(5, 20).t(), done, chi)
+    with pytest.raises(RuntimeError, match="done must be a one-element bool tensor"):
+        step(rp, cl, a, x, x, chi, chi, torch.empty_like(x), done.int(), chi)
+    with pytest.raises(RuntimeError, match=r"c must have shape \[20\]"):
+        step(rp, cl, a, x, x, chi, chi, torch.empty_like(x), done, chi[:3])
 
 
 def test_availability_is_reported(monkeypatch):
@@ -563,7 +657,8 @@ from dignn_kernels.backends import _triton_jit as jit, triton as tb
 
 assert not jit.INTERPRETED
 tb._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
-TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64"}
+TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
+         torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16"}
 variants = {}
 
 
@@ -610,6 +705,10 @@ for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric
         z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
         z.sum().backward()
         dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
+        for storage in (torch.bfloat16, torch.float16):  # 16-bit iterates
+            z, _ = dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q,
+                                         storage_dtype=storage, **solver)
+            z.sum().backward()
         w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, backend="triton")
         (w.sum() + kappa.sum()).backward()
 

@@ -35,15 +35,18 @@ may be bfloat16 or float16. Every load of them is converted to the compute dtype
 pass's output is rounded to nearest on its store (:func:`_storage_value`); scratch partial
 sums, w, kappa and the gradients stay in the compute dtype.
 
-The row-pass kernels also take a ``done`` flag (once it is set they copy their input instead
-of stepping) and write per-program residual partial sums of the step; the backend passes a
-clear flag and ignores the partials (the solvers keep the convergence test on the device).
+The row-pass kernels also take a ``done`` flag and write per-program partial sums of the
+step as stored: ||out - y||^2, ||out||^2 and sum_i c_i ||out_i||^2 for per-row weights c (the
+fixed point's stopping test and divergence certificate, :func:`dignn_kernels.solvers.fixed_point`).
+Once the flag is set a kernel loads and stores nothing and its partial sums are 0: a converged
+solve's later sweeps leave their output buffer as it was (the backend's ``row_step``).
 """
 import torch
 import triton
 import triton.language as tl
 
 from ..laplacian import CHI_FLOOR  # rows with chi <= CHI_FLOOR are guarded
+from .interface import ROW_STEP_SUMS
 
 _CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
 
@@ -167,7 +170,7 @@ def _pi_rho_tile(p_i, q_i, p_j, q_j, F64: tl.constexpr):
 def _load_segments(seg_row, seg_start, seg_len, seg_slot, num_segs, pid, done,
                 ROWS: tl.constexpr):
     """The ROWS segments of program `pid`: (row, first edge, length, slot, valid). Once the
-    solve has converged (`done`) the lengths are 0 and the steps only copy."""
+    solve has converged (`done`) the lengths are 0: the step gathers nothing."""
     segments = pid * ROWS + tl.arange(0, ROWS)
     in_range = segments < num_segs
     row = tl.load(seg_row + segments, mask=in_range, other=-1)
@@ -193,37 +196,43 @@ def _load_heavy_rows(heavy_row, heavy_first, heavy_count, num_heavy, pid, ROWS: 
 
 
 @triton.jit
-def _store_step(o, y_i, out, off, m2, done):
-    """Stores the step's tile o (y_i itself once the solve is done) in out's dtype and
-    returns the stored tile's residual partial sums ||o - y||^2 and ||o||^2."""
-    o = tl.where(done != 0, y_i, o)
+def _store_step(o, y_i, out, off, m2, done, c_i):
+    """Stores the step's tile o in out's dtype, unless the solve is done (then nothing), and
+    returns the stored tile's partial sums ||o - y||^2, ||o||^2 and sum_i c_i ||o_i||^2
+    (0 once done)."""
+    m2 = m2 & (done == 0)
     stored = _storage_value(o, out)
     tl.store(out + off, stored, mask=m2)
     o = stored.to(y_i.dtype)
     diff = tl.where(m2, o - y_i, 0.0)
     o = tl.where(m2, o, 0.0)
     diff_sq = tl.sum(tl.sum(diff * diff, axis=1), axis=0)
-    out_sq = tl.sum(tl.sum(o * o, axis=1), axis=0)
-    return diff_sq, out_sq
+    row_sq = tl.sum(o * o, axis=1)
+    return diff_sq, tl.sum(row_sq, axis=0), tl.sum(c_i * row_sq, axis=0)
 
 
 @triton.jit
-def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, out, done, D,
-                   HAS_RS: tl.constexpr):
+def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, c, out, done, D,
+                   HAS_RS: tl.constexpr, HAS_C: tl.constexpr):
     """out_i = b_i + cy_i y_i + rs_i (W y)_i for whole rows (eq. iter, row form
-    z_i <- x_i + cy_i z_i + ca_i (W Z)_i), or out_i = y_i once converged; returns the tile's
-    ||out - y||^2 and ||out||^2."""
+    z_i <- x_i + cy_i z_i + ca_i (W Z)_i), nothing once done; returns the tile's partial sums
+    (:func:`_store_step`, c: the per-row weights, 0 without HAS_C)."""
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]
-    m2 = rmask[:, None] & cmask[None, :]
+    live = rmask & (done == 0)
+    m2 = live[:, None] & cmask[None, :]
     y_i = tl.load(y + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
     b_i = tl.load(b + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
-    cy_i = tl.load(cy + r64, mask=rmask, other=0.0)
+    cy_i = tl.load(cy + r64, mask=live, other=0.0)
     if HAS_RS:
-        o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=rmask, other=0.0)[:, None] * acc
+        o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=live, other=0.0)[:, None] * acc
     else:
         o = b_i + cy_i[:, None] * y_i + acc
-    return _store_step(o, y_i, out, off, m2, done)
+    if HAS_C:
+        c_i = tl.load(c + r64, mask=live, other=0.0)
+    else:
+        c_i = tl.zeros_like(cy_i)
+    return _store_step(o, y_i, out, off, m2, done, c_i)
 
 
 @triton.jit
@@ -237,16 +246,20 @@ def _first_tile(pid_d, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _store_norms(part, index, diff_sq, out_sq):
-    tl.store(part + 2 * index, diff_sq.to(tl.float64))
-    tl.store(part + 2 * index + 1, out_sq.to(tl.float64))
+def _store_norms(part, index, diff_sq, out_sq, weighted_sq):
+    """Program `index`'s ROW_STEP_SUMS partial sums: ||out - y||^2, ||out||^2 and
+    sum_i c_i ||out_i||^2."""
+    tl.store(part + 3 * index, diff_sq.to(tl.float64))
+    tl.store(part + 3 * index + 1, out_sq.to(tl.float64))
+    tl.store(part + 3 * index + 2, weighted_sq.to(tl.float64))
 
 
 # ------------------------------------------------------------------ the row step --
 
 @triton.jit
 def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, b, cy,
-                    rs, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
+                    rs, c, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
+                    HAS_C: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """The generic row pass out = b + cy.y + rs.(W y) (laplacian_math.h, forward step with
     b = x, cy = -kappa ca, rs = ca, W; adjoint step u <- g + cy.u + W^T (ca.u) with the
@@ -277,17 +290,18 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
         acc += w0[:, None] * y0
         acc += w1[:, None] * y1
     whole = valid & (slot < 0)
-    diff_sq, out_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, out, done, D,
-                                     HAS_RS)
-    _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
-    partial = valid & (slot >= 0)
+    diff_sq, out_sq, weighted_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, c,
+                                                  out, done, D, HAS_RS, HAS_C)
+    _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
+    partial = valid & (slot >= 0) & (done == 0)
     tl.store(scratch + slot.to(tl.int64)[:, None] * D + cols[None, :], acc,
              mask=partial[:, None] & cmask[None, :])
 
 
 @triton.jit
-def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b, cy, rs, out,
-                            scratch, part, part_offset, done_ptr, D, HAS_RS: tl.constexpr,
+def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b, cy, rs, c,
+                            out, scratch, part, part_offset, done_ptr, D,
+                            HAS_RS: tl.constexpr, HAS_C: tl.constexpr,
                             ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows longer than one segment: (W y)_i = sum of the row's scratch slots in slot order,
     then the same epilogue as :func:`_csr_fma_kernel`."""
@@ -304,9 +318,10 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
         smask = s < count
         acc += tl.load(scratch + (first + s).to(tl.int64)[:, None] * D + cols[None, :],
                        mask=smask[:, None] & cmask[None, :], other=0.0)
-    diff_sq, out_sq = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, out, done, D,
-                                     HAS_RS)
-    _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+    diff_sq, out_sq, weighted_sq = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, c,
+                                                  out, done, D, HAS_RS, HAS_C)
+    _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq,
+                 weighted_sq)
 
 
 # ------------------------------------------------------------ the fused neural pass --
@@ -325,7 +340,7 @@ def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, 
     z_i = tl.load(z + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
     x_i = tl.load(x + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
     o = x_i + cy[:, None] * z_i + ca[:, None] * acc
-    return _store_step(o, z_i, out, off, m2, done)
+    return _store_step(o, z_i, out, off, m2, done, tl.zeros_like(chi_i))
 
 
 @triton.jit
@@ -384,9 +399,9 @@ def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
     tl.store(scratch_kappa + slot64, kappa, mask=partial & first_tile)
     if HAS_STEP:
         done = tl.load(done_ptr)
-        diff_sq, out_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi, x, z, out,
-                                           done, inv_mu, D)
-        _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+        diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi,
+                                                        x, z, out, done, inv_mu, D)
+        _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
         tl.store(scratch + slot64[:, None] * D + cols[None, :], acc,
                  mask=partial[:, None] & cmask[None, :])
 
@@ -417,9 +432,10 @@ def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, const
     tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & _first_tile(pid_d, ROWS))
     if HAS_STEP:
         done = tl.load(done_ptr)
-        diff_sq, out_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi, x, z, out,
-                                           done, inv_mu, D)
-        _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq)
+        diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi,
+                                                        x, z, out, done, inv_mu, D)
+        _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq,
+                     weighted_sq)
 
 
 # -------------------------------------------------------------- the gradient pass --
@@ -580,9 +596,10 @@ def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, 
 # ---------------------------------------------------------------------- launchers --
 # All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
 
-def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
-    """out = b + cy.y + rs.(W y) (rs None: 1); fills part (fresh if None) with the residual
-    partial sums of the step and returns it."""
+def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None):
+    """out = b + cy.y + rs.(W y) (rs None: 1) unless `done` is set; returns the per-program
+    partial sums of the step as stored (ROW_STEP_SUMS each; the weighted one with per-row
+    weights c, 0 for c None)."""
     n, d = y.shape
     block_d = _pow2(d, MAX_BLOCK_D)
     rows = max(4, min(64, 2048 // block_d))
@@ -591,18 +608,20 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, part=None):
     grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
     num_parts = (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d
-    if part is None or part.numel() != 2 * num_parts:
-        part = y.new_empty(2 * num_parts, dtype=torch.float64)
+    part = y.new_empty(ROW_STEP_SUMS * num_parts, dtype=torch.float64)
     scratch = cy.new_empty(max(sched.num_slots, 1), d)  # partial sums: the compute dtype
-    has_rs = rs is not None
+    has_rs, has_c = rs is not None, c is not None
     rs_arg = rs if has_rs else cy
-    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b, cy, rs_arg, out, scratch, part, done,
-                          d, HAS_RS=has_rs, ROWS=rows, BLOCK_D=block_d, num_warps=warps)
+    c_arg = c if has_c else cy
+    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b, cy, rs_arg, c_arg, out, scratch,
+                          part, done, d, HAS_RS=has_rs, HAS_C=has_c, ROWS=rows,
+                          BLOCK_D=block_d, num_warps=warps)
     if sched.num_heavy:
         _csr_fma_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
-                                        sched.num_heavy, y, b, cy, rs_arg, out, scratch, part,
-                                        grid[0] * tiles_d, done, d, HAS_RS=has_rs, ROWS=rows,
-                                        BLOCK_D=block_d, num_warps=warps)
+                                        sched.num_heavy, y, b, cy, rs_arg, c_arg, out, scratch,
+                                        part, grid[0] * tiles_d, done, d, HAS_RS=has_rs,
+                                        HAS_C=has_c, ROWS=rows, BLOCK_D=block_d,
+                                        num_warps=warps)
     return part
 
 
@@ -619,8 +638,8 @@ def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, d
     tiles_d = triton.cdiv(d, block_d) if has_step else 1
     grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
-    part = p.new_empty(2 * (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d,
-                       dtype=torch.float64)
+    part = p.new_empty(ROW_STEP_SUMS * (grid[0] + (grid_c[0] if sched.num_heavy else 0))
+                       * tiles_d, dtype=torch.float64)
     scratch = a.new_empty(max(sched.num_slots, 1), d if has_step else 1)
     scratch_kappa = a.new_empty(max(sched.num_slots, 1))
     if not has_step:  # placeholders the kernel never touches

@@ -1,7 +1,7 @@
 """The pass interface: what a backend provides so that the solvers run on it.
 
 A backend is a :class:`Backend` record of three passes and an availability test, plus an
-optional fused solve:
+optional row step and an optional fused solve:
 
 - ``neural_edge_weights(rowptr, col, a, p, q, eps) -> (w, kappa)``: the neural edge weights
   W_ij = a_ij tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and their row sums
@@ -11,6 +11,14 @@ optional fused solve:
 - ``gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm) -> (dl/dp, dl/dq)``
   with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
+- ``row_step`` (optional): ``row_step(rowptr, col, w, y, b, cy, rs, out, done, c) -> sums``,
+  the row pass of one fixed-point sweep, written into the buffer ``out`` (y's shape and dtype,
+  not y itself) unless the one-element bool ``done`` is set, and returning on the device the
+  float64 sums of its output as stored, ``[||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2]``
+  (all 0 once done: ``out`` is then left as it was). The solvers' fixed point
+  (:func:`dignn_kernels.solvers.fixed_point`) then takes its stopping test and divergence
+  certificate from the sweep itself, keeps two buffers and never reads an iterate again for
+  its bookkeeping. Without it, the loop computes those norms from the row pass's output;
 - ``fused_solve`` (optional): a whole fixed-point solve in the backend's own loop, forward
   (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr,
   t_col, t_perm, storage_dtype) -> (z, w, kappa, stats)``) and adjoint
@@ -48,11 +56,13 @@ from typing import Callable, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "GradientPass",
-           "STORAGE_DTYPES"]
+__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "GradientPass",
+           "STORAGE_DTYPES", "ROW_STEP_SUMS"]
 
 # The dtypes a solve may store its iterates and projections in (``storage_dtype``).
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+# The sums a row step returns: ||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2.
+ROW_STEP_SUMS = 3
 
 
 class NeuralEdgeWeights(Protocol):
@@ -63,6 +73,11 @@ class NeuralEdgeWeights(Protocol):
 class RowPass(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor,
                  cy: Tensor, rs: Tensor) -> Tensor: ...
+
+
+class RowStep(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor,
+                 cy: Tensor, rs: Tensor, out: Tensor, done: Tensor, c: Tensor) -> Tensor: ...
 
 
 class GradientPass(Protocol):
@@ -84,8 +99,8 @@ class FusedSolve:
 
 @dataclass(frozen=True)
 class Backend:
-    """One backend: its name, where it runs, its passes, its optional fused solve and the
-    16-bit storage dtypes its passes take."""
+    """One backend: its name, where it runs, its passes, its optional fused solve, the
+    16-bit storage dtypes its passes take and its optional row step."""
     name: str
     available: Callable[[torch.device], bool]
     neural_edge_weights: NeuralEdgeWeights
@@ -93,3 +108,4 @@ class Backend:
     gradient_pass: GradientPass
     fused_solve: Optional[FusedSolve] = None
     storage_dtypes: Tuple[torch.dtype, ...] = ()
+    row_step: Optional[RowStep] = None

@@ -3,7 +3,9 @@
 ``torch.ops.dignn_triton`` with fake kernels, so ``torch.compile`` traces them:
 
 - ``neural_edge_weights`` (differentiable in p and q) and its backward;
-- ``csr_fma``, the row pass;
+- ``csr_fma``, the row pass, and ``row_step``, the row pass of a fixed-point sweep: into a
+  given buffer, skipped once the solve is done, with the partial sums of its stopping test
+  and divergence certificate (:class:`~dignn_kernels.backends.interface.RowStep`);
 - ``neural_weight_grad``, the gradient pass.
 
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
@@ -35,7 +37,7 @@ from torch import Tensor
 
 from ..checks import (check_compute_dtype, check_edge_values, check_features,
                       check_projections, check_transposed, check_values)
-from .interface import STORAGE_DTYPES, Backend
+from .interface import ROW_STEP_SUMS, STORAGE_DTYPES, Backend
 from .registration import register_edge_weights_autograd
 from .schedule import TRITON_SEGMENT_EDGES
 
@@ -315,12 +317,18 @@ register_edge_weights_autograd(f"{_LIB}::neural_edge_weights",
                                _neural_edge_weights_backward)
 
 
+def _launch_fma(rowptr, col, w, y, b, cy, rs, out, done, c=None) -> Tensor:
+    """The row pass into `out` (contiguous); returns its per-program partial sums."""
+    return _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
+                          y.contiguous(), b.contiguous(), cy.contiguous(),
+                          rs.contiguous() if rs is not None else None, out, done,
+                          c.contiguous() if c is not None else None)
+
+
 def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
     out = torch.empty_like(y, memory_format=torch.contiguous_format)
     if y.shape[0]:
-        _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
-                       y.contiguous(), b.contiguous(), cy.contiguous(),
-                       rs.contiguous() if rs is not None else None, out, _flag(y.device))
+        _launch_fma(rowptr, col, w, y, b, cy, rs, out, _flag(y.device))
     return out
 
 
@@ -341,6 +349,47 @@ def _csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: T
 @_csr_fma.register_fake
 def _(rowptr, col, w, y, b, cy, rs):
     return torch.empty_like(y)
+
+
+def _check_row_step(rowptr, col, w, y, b, cy, rs, out, done, c) -> None:
+    n = _checked_graph(rowptr, col, w, "w")
+    check_features(y, "y", n, rowptr, storage_ok=True)
+    like = _compute_like(y, w)
+    check_compute_dtype(like, "w")
+    check_values(b, "b", y.shape, like, rowptr, storage_ok=True)
+    check_values(w, "w", [col.numel()], like, rowptr)
+    check_values(cy, "cy", [n], like, rowptr)
+    check_values(rs, "rs", [n], like, rowptr)
+    check_values(c, "c", [n], like, rowptr)
+    check_values(out, "out", y.shape, y, rowptr)
+    if not out.is_contiguous():
+        raise RuntimeError("out must be contiguous (a buffer the step writes in place): pass "
+                           "torch.empty_like(y)")
+    if out.data_ptr() == y.data_ptr() and y.numel():
+        raise RuntimeError("out must not be y: the step reads y's neighbour rows while it "
+                           "writes out; pass a second buffer")
+    if done.dtype != torch.bool or done.numel() != 1 or done.device != rowptr.device:
+        raise RuntimeError(f"done must be a one-element bool tensor on {rowptr.device} (the "
+                           f"solve's convergence flag), got {done.dtype} of shape "
+                           f"{list(done.shape)} on {done.device}")
+
+
+@torch.library.custom_op(f"{_LIB}::row_step", mutates_args=("out",))
+def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
+              rs: Tensor, out: Tensor, done: Tensor, c: Tensor) -> Tensor:
+    """The row pass written into ``out`` unless ``done``, with the partial sums of its stored
+    output (see :class:`~dignn_kernels.backends.interface.RowStep`)."""
+    _check_row_step(rowptr, col, w, y, b, cy, rs, out, done, c)
+    if not y.shape[0]:
+        return y.new_zeros(ROW_STEP_SUMS, dtype=torch.float64)
+    # one byte per flag: the kernels read done as uint8 (no conversion kernel per sweep)
+    part = _launch_fma(rowptr, col, w, y, b, cy, rs, out, done.reshape(1).view(torch.uint8), c)
+    return part.view(-1, ROW_STEP_SUMS).sum(dim=0)
+
+
+@_row_step.register_fake
+def _(rowptr, col, w, y, b, cy, rs, out, done, c):
+    return y.new_empty(ROW_STEP_SUMS, dtype=torch.float64)
 
 
 def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
@@ -399,4 +448,5 @@ _ops = torch.ops.dignn_triton
 
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-                 gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES)
+                 gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES,
+                 row_step=_ops.row_step)

@@ -188,7 +188,8 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
                 check_every: int = 1, certificate: Optional[Tensor] = None,
                 growth: float = _CERTIFICATE_SYMMETRIC,
                 callback: Optional[Callable[[int], None]] = None,
-                reduce: Reduce = None) -> SolveResult:
+                reduce: Reduce = None,
+                step_with_sums: Optional[Callable[..., Tensor]] = None) -> SolveResult:
     """The paper's iteration (eq. iter) from Z_0 = 0: y_1 = rhs, y_{k+1} = step(y_k), at most
     ``max_iter`` iterations (max_iter - 1 sweeps), until ||y_{k+1} - y_k|| <= tol ||y_{k+1}||
     (the paper's stopping test). The result counts iterations as the paper does
@@ -199,7 +200,13 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     c-weighted inner product, so while every eigenvalue of Delta is <= mu each of them is
     bounded, ||y_k||_c <= ||rhs||_c. An iterate above ``growth`` times that bound proves
     mu < lambda_max(Delta): the loop stops there (before anything overflows), keeps the last
-    iterate under the bound and flags ``diverged``."""
+    iterate under the bound and flags ``diverged``.
+
+    ``step_with_sums`` (a backend's row step of the same map, ``(y, out, done, c) -> sums``,
+    see :class:`~dignn_kernels.backends.interface.RowStep`): every sweep writes into one of
+    two buffers and returns the norms of the test and the certificate itself, and a done
+    solve's sweeps write nothing, so no iterate is read again for the bookkeeping; at the
+    end the buffer holding the last accepted iterate is picked on the device."""
     check_every = check_every_arg(check_every)
     ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
     diverged = done.clone()
@@ -209,15 +216,29 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else None
     tiny = torch.finfo(torch.float64).tiny
     y = rhs
+    if step_with_sums is not None:
+        # sweep k reads buffers[k % 2] and writes buffers[(k - 1) % 2]; y_1 is buffers[1]
+        buffers = (torch.empty_like(rhs, memory_format=torch.contiguous_format),
+                   rhs.contiguous().clone())
+        weights = certificate if certificate is not None else torch.zeros_like(
+            rhs[:, 0], dtype=torch.float64 if rhs.dtype == torch.float64 else torch.float32)
+        y = buffers[1]
     if not (check_every and bool(done)):
         for k in range(1, max_iter):
-            y_next = step(y)
-            res = _norm(y_next - y, reduce)  # the residual of y_{k-1}
-            row_sq = _row_sq(y_next)  # one read of y_next for its norm and the certificate's
-            size = _global(row_sq.sum(), reduce).sqrt()
+            if step_with_sums is None:
+                y_next = step(y)
+                res = _norm(y_next - y, reduce)  # the residual of y_{k-1}
+                row_sq = _row_sq(y_next)  # one read of y_next for its norm and the certificate
+                size = _global(row_sq.sum(), reduce).sqrt()
+                weighted = _weighted_sq(y_next, certificate, reduce, row_sq) \
+                    if bound is not None else None
+            else:
+                y_next = buffers[(k - 1) % 2]
+                sums = _global(step_with_sums(y, y_next, done, weights), reduce)
+                res, size, weighted = sums[0].sqrt(), sums[1].sqrt(), sums[2]
             bad = ~torch.isfinite(res)
             if bound is not None:
-                bad = bad | (_weighted_sq(y_next, certificate, reduce, row_sq) > bound)
+                bad = bad | (weighted > bound)
             rel = res / size.clamp_min(tiny)
             history[k - 1] = rel
             live = ~done
@@ -225,20 +246,26 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
             diverged |= live & bad
             residual = torch.where(live, res, residual)
             relative = torch.where(live, rel, relative)
-            accept = live & ~bad
             done = done | bad | (res <= tol * size)
             if callback is not None:
                 callback(k)
-            if check_every == 1:
+            if step_with_sums is not None:
+                y = y_next  # once done, the sweeps leave both buffers as they are
+                if check_every and k % check_every == 0 and bool(done):
+                    break
+            elif check_every == 1:
                 is_bad, is_done = torch.stack([bad, done]).tolist()
                 if not is_bad:
                     y = y_next
                 if is_done:
                     break
             else:
-                y = torch.where(accept, y_next, y)
+                y = torch.where(live & ~bad, y_next, y)  # accepted: live and not bad
                 if check_every and k % check_every == 0 and bool(done):
                     break
+    if step_with_sums is not None:
+        # the last accepted iterate, y_{K+1} (K live sweeps) or y_K after a diverged sweep K
+        y = torch.where((sweeps + diverged.long()) % 2 == 1, buffers[0], buffers[1])
     out = _finish(y, rhs, history, sweeps, residual, ref_safe, diverged, sweeps)
     out.relative, out.counts_start = relative, True
     return out
@@ -447,14 +474,12 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
+    fixed = dict(tol=tol, check_every=check_every, certificate=certificate, callback=callback,
+                 reduce=reduce, step_with_sums=system.step_with_sums(adjoint, rhs))
     if storage_dtype is None or max_iter == 1:
-        return fixed_point(step, rhs, max_iter=max_iter, tol=tol, check_every=check_every,
-                           certificate=certificate, growth=growth, callback=callback,
-                           reduce=reduce)
-    growth = _stored_growth(growth, storage_dtype)
-    out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1, tol=tol,
-                      check_every=check_every, certificate=certificate, growth=growth,
-                      callback=callback, reduce=reduce)
+        return fixed_point(step, rhs, max_iter=max_iter, growth=growth, **fixed)
+    out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,
+                      growth=_stored_growth(growth, storage_dtype), **fixed)
     return _wide_last_iteration(step, rhs, out, max_iter, reduce)
 
 

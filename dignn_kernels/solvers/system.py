@@ -5,7 +5,7 @@ L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is 
 (:attr:`Backend.row_pass <dignn_kernels.backends.interface.Backend>`) with per-row
 coefficients, so the solvers of :mod:`.loops` run on every backend.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -22,6 +22,7 @@ class EquilibriumSystem:
 
     - ``step(z, x) = x + cy.z + ca.(W z)``: the forward fixed-point map (eq. iter);
     - ``adjoint_step(u, g) = g + cy.u + W^T (ca.u)``: the adjoint fixed-point map;
+    - ``step_with_sums``: either map as the backend's row step, if it has one;
     - ``spd_apply(y) = (S + L/mu) y``: the SPD matrix, S = diag(chi) with 1 on guard rows,
       identity rows on guard rows;
     - ``mass`` = diag(S), ``inv_diagonal`` = 1 / diag(S + L/mu) (Jacobi);
@@ -45,6 +46,7 @@ class EquilibriumSystem:
                  t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
                  diag_index: Optional[Tensor] = None, symmetric: Optional[bool] = None):
         self.row_pass = backend.row_pass
+        self.row_step = backend.row_step
         self.rowptr, self.col, self.w = rowptr, col, w
         self.mu = float(mu)
         self.symmetric = t_rowptr is None if symmetric is None else bool(symmetric)
@@ -60,10 +62,10 @@ class EquilibriumSystem:
         self._spd = None
         self._zeros = None
 
-    def step(self, z: Tensor, x: Tensor) -> Tensor:
-        return self.row_pass(self.rowptr, self.col, self.w, z, x, self.cy, self.ca)
-
-    def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
+    def _map(self, adjoint: bool):
+        """(rowptr, col, w, cy, rs) of the row pass of the forward or the adjoint map."""
+        if not adjoint:
+            return self.rowptr, self.col, self.w, self.cy, self.ca
         if self._adjoint is None:
             t_rowptr, t_col, t_perm = self._transposed
             if t_rowptr is None:
@@ -71,9 +73,26 @@ class EquilibriumSystem:
             else:
                 t_w = self.w[t_perm]
             # entry (j, i) of W^T carries W_ij ca_i, so that W^T (ca.u) is one CSR product
-            self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()])
-        t_rowptr, t_col, t_w = self._adjoint
-        return self.row_pass(t_rowptr, t_col, t_w, u, g, self.cy, self.ones)
+            self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()], self.cy, self.ones)
+        return self._adjoint
+
+    def step(self, z: Tensor, x: Tensor) -> Tensor:
+        rowptr, col, w, cy, rs = self._map(False)
+        return self.row_pass(rowptr, col, w, z, x, cy, rs)
+
+    def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
+        rowptr, col, w, cy, rs = self._map(True)
+        return self.row_pass(rowptr, col, w, u, g, cy, rs)
+
+    def step_with_sums(self, adjoint: bool, rhs: Tensor) -> Optional[Callable[..., Tensor]]:
+        """The backend's row step of the forward (or adjoint) map with right-hand side
+        ``rhs``, as ``(y, out, done, c) -> sums`` (see the pass interface's ``row_step``);
+        None where the backend has none."""
+        if self.row_step is None:
+            return None
+        rowptr, col, w, cy, rs = self._map(adjoint)
+        return lambda y, out, done, c: self.row_step(rowptr, col, w, y, rhs, cy, rs, out, done,
+                                                     c)
 
     def _spd_terms(self):
         if self._spd is None:
