@@ -333,14 +333,16 @@ def test_python_fixed_point_matches_compiled_loop(unfused_cpu):
 def composed_row_step(row_pass):
     """The pass interface's row step (interface.RowStep) composed from a row pass: the
     contract the Triton kernels implement, on any backend's passes."""
-    def row_step(rowptr, col, w, y, b, cy, rs, out, done, c):
-        new = row_pass(rowptr, col, w, y, b, cy, rs)
-        live = (~done).double()
-        wide, before = new.double(), y.double()
-        out.copy_(torch.where(done, out, new))
-        row_sq = wide.square().sum(dim=1)
-        return live * torch.stack([(wide - before).square().sum(), row_sq.sum(),
-                                   (c.double() * row_sq).sum()])
+    def row_step(rowptr, col, w, b, cy, rs, c):
+        def step(y, out, done):
+            new = row_pass(rowptr, col, w, y, b, cy, rs)
+            live = (~done).double()
+            wide, before = new.double(), y.double()
+            out.copy_(torch.where(done, out, new))
+            row_sq = wide.square().sum(dim=1)
+            return live * torch.stack([(wide - before).square().sum(), row_sq.sum(),
+                                       (c.double() * row_sq).sum()])
+        return step
     return row_step
 
 
@@ -372,7 +374,7 @@ def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
     systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu,
                                          t_rowptr=t[0], t_col=t[1], t_perm=t[2])
                for backend in (CPU, stepped)]
-    assert systems[0].step_with_sums(False, x) is None
+    assert systems[0].step_with_sums(False, x, chi) is None
     diverged = []
     for solve in (solvers.solve_forward, solvers.solve_adjoint):
         for rhs in (x, torch.zeros_like(x)):

@@ -338,21 +338,19 @@ def test_row_step_is_the_row_pass_with_its_sums(device, kind, n, d, dtype, stora
     c = chi.abs() + 0.5
     rp, cl, wd, yd, xd, cyd, rsd, cd = to(device, g.rowptr, g.col, w, y, x, cy, rs, c)
     want = tk.csr_fma(rp, cl, wd, yd, xd, cyd, rsd)
+    step = tb.TRITON.row_step(rp, cl, wd, xd, cyd, rsd, cd)
     out = torch.full_like(yd, 7.0)
-    sums = torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, out,
-                                           torch.tensor(False, device=device), cd)
+    sums = step(yd, out, torch.tensor(False, device=device))
     assert out.dtype == yd.dtype and torch.equal(out, want)
     wide, before = want.cpu().double(), y.double()
     expected = torch.stack([(wide - before).square().sum(), wide.square().sum(),
                             (c.double() * wide.square().sum(dim=1)).sum()])
     assert sums.dtype == torch.float64 and on_device(sums, device)
     assert torch.allclose(sums.cpu(), expected, rtol=1e-12 if dtype == torch.float64 else 1e-5)
-    sums = torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, out,
-                                           torch.tensor(True, device=device), cd)
+    sums = step(yd, out, torch.tensor(True, device=device))
     assert torch.equal(out, want) and not bool(sums.any())  # done: out as it was
     kept = torch.full_like(yd, 7.0)
-    torch.ops.dignn_triton.row_step(rp, cl, wd, yd, xd, cyd, rsd, kept,
-                                    torch.tensor([True], device=device), cd)
+    step(yd, kept, torch.tensor([True], device=device))
     assert bool((kept == 7.0).all())
 
 
@@ -385,7 +383,7 @@ def test_fixed_point_on_the_row_step_equals_the_row_pass_loop(device, kind, lapl
                                             **dict(zip(("t_rowptr", "t_col", "t_perm"),
                                                        to(device, *t))))
                for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_step=None))]
-    assert systems[1].step_with_sums(False, x) is None
+    assert systems[1].step_with_sums(False, x, chi) is None
     xd = x.to(device)
     for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
         for check_every in (1, 4, 0):
@@ -412,9 +410,6 @@ def test_opcheck_every_op(device):
         "neural_edge_weights": [(rp, cl, a, p, q, 1e-6), (rp, cl, a, *req(p, q), 1e-6)],
         "neural_edge_weights_backward": [(rp, cl, a, p, q, 1e-6, torch.randn_like(w), *t)],
         "csr_fma": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi))],
-        "row_step": [(rp, cl, w, z, x, torch.randn_like(chi), torch.randn_like(chi),
-                      torch.empty_like(z), torch.tensor(flag, device=device), chi.abs())
-                     for flag in (False, True)],
         "neural_weight_grad": [(rp, cl, a, p, q, z, v, 1e-6, *t), (rp, cl, a, p, q, z, v, 1e-6)],
     }
     assert set(cases) == {name for name in dir(torch.ops.dignn_triton)
@@ -542,18 +537,22 @@ def test_bad_input_is_named(device):
         tk.diffusion_step(rp, cl, a, chi.half(), chi.half(), x.half(), x.half(), 2.0)
     with pytest.raises(RuntimeError, match="t_rowptr, t_col and t_perm go together"):
         tk.neural_weight_grad(rp, cl, a, p, q, x, x, 1e-6, rp)
-    step = torch.ops.dignn_triton.row_step
+    with pytest.raises(RuntimeError, match=r"c must have shape \[20\]"):
+        tb.TRITON.row_step(rp, cl, a, x, chi, chi, chi[:3])
+    with pytest.raises(RuntimeError, match="b must be float32 or float64"):
+        tb.TRITON.row_step(rp, cl, a, x.half(), chi, chi, chi)
+    step = tb.TRITON.row_step(rp, cl, a, x, chi, chi, chi)
     done = torch.tensor(False, device=device)
     with pytest.raises(RuntimeError, match="out must not be y"):
-        step(rp, cl, a, x, x, chi, chi, x, done, chi)
-    with pytest.raises(RuntimeError, match=r"out must have shape \[20, 5\]"):
-        step(rp, cl, a, x, x, chi, chi, x[:, :4].clone(), done, chi)
-    with pytest.raises(RuntimeError, match="out must be contiguous"):
-        step(rp, cl, a, x, x, chi, chi, x.new_empty(5, 20).t(), done, chi)
+        step(x, x, done)
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous buffer like y"):
+        step(x, x[:, :4].clone(), done)
+    with pytest.raises(RuntimeError, match="out must be a contiguous buffer like y"):
+        step(x, x.new_empty(5, 20).t(), done)
+    with pytest.raises(RuntimeError, match=r"y must have b's shape \[20, 5\]"):
+        step(x[:3], torch.empty_like(x[:3]), done)
     with pytest.raises(RuntimeError, match="done must be a one-element bool tensor"):
-        step(rp, cl, a, x, x, chi, chi, torch.empty_like(x), done.int(), chi)
-    with pytest.raises(RuntimeError, match=r"c must have shape \[20\]"):
-        step(rp, cl, a, x, x, chi, chi, torch.empty_like(x), done, chi[:3])
+        step(x, torch.empty_like(x), done.int())
 
 
 def test_availability_is_reported(monkeypatch):

@@ -11,9 +11,10 @@ optional row step and an optional fused solve:
 - ``gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm) -> (dl/dp, dl/dq)``
   with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
-- ``row_step`` (optional): ``row_step(rowptr, col, w, y, b, cy, rs, out, done, c) -> sums``,
-  the row pass of one fixed-point sweep, written into the buffer ``out`` (y's shape and dtype,
-  not y itself) unless the one-element bool ``done`` is set, and returning on the device the
+- ``row_step`` (optional): ``row_step(rowptr, col, w, b, cy, rs, c) -> step``, the row pass
+  of one fixed-point map (b + cy.y + rs.(W y)) prepared for a solve, checked once;
+  ``step(y, out, done) -> sums`` writes it into the buffer ``out`` (y's shape and dtype, not
+  y itself) unless the one-element bool ``done`` is set, and returns on the device the
   float64 sums of its output as stored, ``[||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2]``
   (all 0 once done: ``out`` is then left as it was). The solvers' fixed point
   (:func:`dignn_kernels.solvers.fixed_point`) then takes its stopping test and divergence
@@ -76,8 +77,8 @@ class RowPass(Protocol):
 
 
 class RowStep(Protocol):
-    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor,
-                 cy: Tensor, rs: Tensor, out: Tensor, done: Tensor, c: Tensor) -> Tensor: ...
+    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor,
+                 rs: Tensor, c: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]: ...
 
 
 class GradientPass(Protocol):

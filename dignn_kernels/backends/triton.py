@@ -3,13 +3,13 @@
 ``torch.ops.dignn_triton`` with fake kernels, so ``torch.compile`` traces them:
 
 - ``neural_edge_weights`` (differentiable in p and q) and its backward;
-- ``csr_fma``, the row pass, and ``row_step``, the row pass of a fixed-point sweep: into a
-  given buffer, skipped once the solve is done, with the partial sums of its stopping test
-  and divergence certificate (:class:`~dignn_kernels.backends.interface.RowStep`);
+- ``csr_fma``, the row pass;
 - ``neural_weight_grad``, the gradient pass.
 
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
-loop of its own. Each op checks shapes, dtypes and devices with the shared checks of
+loop of its own, but gives the solvers' fixed point a row step (:func:`_row_step`: the row
+pass into a given buffer, nothing once the solve is done, with the sums of its stopping test
+and divergence certificate), a plain function that only the solve calls. Each op checks shapes, dtypes and devices with the shared checks of
 :mod:`dignn_kernels.checks` (for direct callers of ``torch.ops.dignn_triton``); the graph's
 data are checked once at the op boundary (:mod:`dignn_kernels.ops`, the solve entry).
 
@@ -30,7 +30,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -317,18 +317,12 @@ register_edge_weights_autograd(f"{_LIB}::neural_edge_weights",
                                _neural_edge_weights_backward)
 
 
-def _launch_fma(rowptr, col, w, y, b, cy, rs, out, done, c=None) -> Tensor:
-    """The row pass into `out` (contiguous); returns its per-program partial sums."""
-    return _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
-                          y.contiguous(), b.contiguous(), cy.contiguous(),
-                          rs.contiguous() if rs is not None else None, out, done,
-                          c.contiguous() if c is not None else None)
-
-
 def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
     out = torch.empty_like(y, memory_format=torch.contiguous_format)
     if y.shape[0]:
-        _launch_fma(rowptr, col, w, y, b, cy, rs, out, _flag(y.device))
+        _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
+                       y.contiguous(), b.contiguous(), cy.contiguous(),
+                       rs.contiguous() if rs is not None else None, out, _flag(y.device))
     return out
 
 
@@ -351,45 +345,48 @@ def _(rowptr, col, w, y, b, cy, rs):
     return torch.empty_like(y)
 
 
-def _check_row_step(rowptr, col, w, y, b, cy, rs, out, done, c) -> None:
+def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs: Tensor,
+              c: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """The row step of one fixed-point map (see :class:`~dignn_kernels.backends.interface.
+    RowStep`): the graph, weights, coefficients and schedule checked and prepared once per
+    solve, so a sweep costs one launch and a sum (no dispatcher op: it runs inside the solve's
+    op, below its one autograd registration)."""
     n = _checked_graph(rowptr, col, w, "w")
-    check_features(y, "y", n, rowptr, storage_ok=True)
-    like = _compute_like(y, w)
-    check_compute_dtype(like, "w")
-    check_values(b, "b", y.shape, like, rowptr, storage_ok=True)
-    check_values(w, "w", [col.numel()], like, rowptr)
-    check_values(cy, "cy", [n], like, rowptr)
-    check_values(rs, "rs", [n], like, rowptr)
-    check_values(c, "c", [n], like, rowptr)
-    check_values(out, "out", y.shape, y, rowptr)
-    if not out.is_contiguous():
-        raise RuntimeError("out must be contiguous (a buffer the step writes in place): pass "
-                           "torch.empty_like(y)")
-    if out.data_ptr() == y.data_ptr() and y.numel():
-        raise RuntimeError("out must not be y: the step reads y's neighbour rows while it "
-                           "writes out; pass a second buffer")
-    if done.dtype != torch.bool or done.numel() != 1 or done.device != rowptr.device:
-        raise RuntimeError(f"done must be a one-element bool tensor on {rowptr.device} (the "
-                           f"solve's convergence flag), got {done.dtype} of shape "
-                           f"{list(done.shape)} on {done.device}")
+    check_features(b, "b", n, rowptr)
+    check_values(w, "w", [col.numel()], b, rowptr)
+    for t, name in ((cy, "cy"), (rs, "rs"), (c, "c")):
+        check_values(t, name, [n], b, rowptr)
+    sched = schedule_for(rowptr, col.numel()) if n else None
+    jit = _jit()
+    col, w, b, cy, rs, c = (t.contiguous() for t in (col, w, b, cy, rs, c))
+    dtypes = (b.dtype,) + STORAGE_DTYPES
 
+    def step(y: Tensor, out: Tensor, done: Tensor) -> Tensor:
+        if y.shape != b.shape or y.dtype not in dtypes or y.device != b.device:
+            raise RuntimeError(f"y must have b's shape {list(b.shape)} and device {b.device} "
+                               f"and dtype {b.dtype} or a 16-bit storage dtype, got "
+                               f"{list(y.shape)}, {y.device}, {y.dtype}")
+        if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or \
+                not (out.is_contiguous() and y.is_contiguous()):
+            raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
+                               f"{y.dtype}, {y.device}; y contiguous too), got "
+                               f"{list(out.shape)}, {out.dtype}, {out.device}: pass "
+                               f"torch.empty_like(y)")
+        if n and out.data_ptr() == y.data_ptr():
+            raise RuntimeError("out must not be y: the step reads y's neighbour rows while it "
+                               "writes out; pass a second buffer")
+        if done.dtype != torch.bool or done.numel() != 1 or done.device != y.device:
+            raise RuntimeError(f"done must be a one-element bool tensor on {y.device} (the "
+                               f"solve's convergence flag), got {done.dtype} of shape "
+                               f"{list(done.shape)} on {done.device}")
+        if not n:
+            return y.new_zeros(ROW_STEP_SUMS, dtype=torch.float64)
+        # one byte per flag: the kernels read done as uint8 (no conversion kernel per sweep)
+        part = jit.csr_fma(sched, col, w, y, b, cy, rs, out, done.reshape(1).view(torch.uint8),
+                           c)
+        return part.view(-1, ROW_STEP_SUMS).sum(dim=0)
 
-@torch.library.custom_op(f"{_LIB}::row_step", mutates_args=("out",))
-def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
-              rs: Tensor, out: Tensor, done: Tensor, c: Tensor) -> Tensor:
-    """The row pass written into ``out`` unless ``done``, with the partial sums of its stored
-    output (see :class:`~dignn_kernels.backends.interface.RowStep`)."""
-    _check_row_step(rowptr, col, w, y, b, cy, rs, out, done, c)
-    if not y.shape[0]:
-        return y.new_zeros(ROW_STEP_SUMS, dtype=torch.float64)
-    # one byte per flag: the kernels read done as uint8 (no conversion kernel per sweep)
-    part = _launch_fma(rowptr, col, w, y, b, cy, rs, out, done.reshape(1).view(torch.uint8), c)
-    return part.view(-1, ROW_STEP_SUMS).sum(dim=0)
-
-
-@_row_step.register_fake
-def _(rowptr, col, w, y, b, cy, rs, out, done, c):
-    return y.new_empty(ROW_STEP_SUMS, dtype=torch.float64)
+    return step
 
 
 def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
@@ -449,4 +446,4 @@ _ops = torch.ops.dignn_triton
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
                  gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES,
-                 row_step=_ops.row_step)
+                 row_step=_row_step)

@@ -202,11 +202,12 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     mu < lambda_max(Delta): the loop stops there (before anything overflows), keeps the last
     iterate under the bound and flags ``diverged``.
 
-    ``step_with_sums`` (a backend's row step of the same map, ``(y, out, done, c) -> sums``,
-    see :class:`~dignn_kernels.backends.interface.RowStep`): every sweep writes into one of
-    two buffers and returns the norms of the test and the certificate itself, and a done
-    solve's sweeps write nothing, so no iterate is read again for the bookkeeping; at the
-    end the buffer holding the last accepted iterate is picked on the device."""
+    ``step_with_sums`` (a backend's row step of the same map with the certificate's weights,
+    ``(y, out, done) -> sums``, see :class:`~dignn_kernels.backends.interface.RowStep`):
+    every sweep writes into one of two buffers and returns the norms of the test and the
+    certificate itself, and a done solve's sweeps write nothing, so no iterate is read again
+    for the bookkeeping; at the end the buffer holding the last accepted iterate is picked on
+    the device."""
     check_every = check_every_arg(check_every)
     ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
     diverged = done.clone()
@@ -220,8 +221,6 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
         # sweep k reads buffers[k % 2] and writes buffers[(k - 1) % 2]; y_1 is buffers[1]
         buffers = (torch.empty_like(rhs, memory_format=torch.contiguous_format),
                    rhs.contiguous().clone())
-        weights = certificate if certificate is not None else torch.zeros_like(
-            rhs[:, 0], dtype=torch.float64 if rhs.dtype == torch.float64 else torch.float32)
         y = buffers[1]
     if not (check_every and bool(done)):
         for k in range(1, max_iter):
@@ -234,7 +233,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
                     if bound is not None else None
             else:
                 y_next = buffers[(k - 1) % 2]
-                sums = _global(step_with_sums(y, y_next, done, weights), reduce)
+                sums = _global(step_with_sums(y, y_next, done), reduce)
                 res, size, weighted = sums[0].sqrt(), sums[1].sqrt(), sums[2]
             bad = ~torch.isfinite(res)
             if bound is not None:
@@ -475,7 +474,7 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
     fixed = dict(tol=tol, check_every=check_every, certificate=certificate, callback=callback,
-                 reduce=reduce, step_with_sums=system.step_with_sums(adjoint, rhs))
+                 reduce=reduce, step_with_sums=system.step_with_sums(adjoint, rhs, certificate))
     if storage_dtype is None or max_iter == 1:
         return fixed_point(step, rhs, max_iter=max_iter, growth=growth, **fixed)
     out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,

@@ -84,15 +84,15 @@ class EquilibriumSystem:
         rowptr, col, w, cy, rs = self._map(True)
         return self.row_pass(rowptr, col, w, u, g, cy, rs)
 
-    def step_with_sums(self, adjoint: bool, rhs: Tensor) -> Optional[Callable[..., Tensor]]:
+    def step_with_sums(self, adjoint: bool, rhs: Tensor, c: Tensor
+                       ) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
         """The backend's row step of the forward (or adjoint) map with right-hand side
-        ``rhs``, as ``(y, out, done, c) -> sums`` (see the pass interface's ``row_step``);
-        None where the backend has none."""
+        ``rhs`` and certificate weights ``c``, as ``(y, out, done) -> sums`` (see the pass
+        interface's ``row_step``); None where the backend has none."""
         if self.row_step is None:
             return None
         rowptr, col, w, cy, rs = self._map(adjoint)
-        return lambda y, out, done, c: self.row_step(rowptr, col, w, y, rhs, cy, rs, out, done,
-                                                     c)
+        return self.row_step(rowptr, col, w, rhs, cy, rs, c)
 
     def _spd_terms(self):
         if self._spd is None:

@@ -1,0 +1,90 @@
+"""Host time of one sweep of the solvers' fixed point on the Triton backend, with the row step
+(``Backend.row_step``: checked once per solve, the norms of the stopping test and the
+certificate from the sweep) against the same loop on the row pass alone (a dispatcher op and
+its checks per sweep, the norms and the kept iterate from small torch ops on the output).
+
+What a GPU sweep waits on when the graph is small: the kernel launches are replaced by a stub
+(a contraction y -> y/2 - 0.3 b on a 64 x 8 signal, so that the solve runs every sweep and the
+n x d work is negligible), and what is left is the Python, the dispatcher and the small-tensor
+ops of each sweep, timed on the CPU tensors of the Triton interpreter's device. 20 sweeps per
+solve, the two variants interleaved round by round, medians of the rounds; the flag read
+every 16 sweeps (the GPU default) and every sweep (the CPU default).
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/triton_host_sweep.py \\
+        bench/results/triton_host_sweep_cpu.json
+
+On a GPU each small op is a kernel launch (a few microseconds of host time each); this
+measures the CPU-side cost only, not the GPU's.
+"""
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import dignn_kernels as dk  # noqa: E402
+from dignn_kernels.backends import triton as tb  # noqa: E402
+
+NODES, CHANNELS, SWEEPS, ROUNDS = 64, 8, 20, 30
+
+
+def main(out_path):
+    torch.set_num_threads(1)
+    if not tb.available(torch.device("cpu")):
+        raise SystemExit("needs the Triton interpreter (TRITON_INTERPRET=1 before triton loads)")
+    jit = tb._jit()
+    parts = torch.tensor([1.0, 1.0, 0.0] * 4, dtype=torch.float64)
+
+    def launch_stub(sched, col, w, y, b, cy, rs, out, done, c=None):
+        torch.add(y.mul(0.5), b, alpha=-0.3, out=out)  # contracts; 20 sweeps do not converge
+        return parts.clone()
+
+    jit.csr_fma = launch_stub
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, NODES, (2, 10 * NODES), generator=gen)
+    graph = dk.build_graph(torch.cat([ei, ei.flip(0)], 1), NODES)
+    w, chi, kappa = graph.fixed_laplacian("rw", torch.float32)
+    x = torch.randn(NODES, CHANNELS, generator=gen)
+    variants = {"row_step": tb.TRITON,
+                "row_pass": dataclasses.replace(tb.TRITON, row_step=None)}
+    systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
+                                                  kappa, 2.2)
+               for name, backend in variants.items()}
+
+    def sweep_us(name, check_every):
+        start = time.perf_counter()
+        out = dk.solvers.solve_forward(systems[name], x, "fixed_point", max_iter=SWEEPS + 1,
+                                       tol=0.0, check_every=check_every)
+        elapsed = time.perf_counter() - start
+        assert int(out.sweeps) == SWEEPS and not bool(out.diverged)
+        return elapsed / SWEEPS * 1e6
+
+    result = {"command": "PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/triton_host_sweep.py",
+              "machine": f"{platform.processor() or platform.machine()}, "
+                         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
+              "torch": torch.__version__, "nodes": NODES, "channels": CHANNELS,
+              "sweeps_per_solve": SWEEPS, "rounds": ROUNDS, "us_per_sweep": {}}
+    for check_every in (16, 1):
+        times = {name: [] for name in variants}
+        for name in variants:
+            sweep_us(name, check_every)  # warm-up
+        for _ in range(ROUNDS):
+            for name in variants:
+                times[name].append(sweep_us(name, check_every))
+        medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
+        result["us_per_sweep"][f"check_every_{check_every}"] = medians
+        print(f"check_every={check_every}: " +
+              ", ".join(f"{name} {us:.0f} us/sweep" for name, us in medians.items()))
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "triton_host_sweep_cpu.json")
