@@ -384,6 +384,23 @@ def test_storage_dtype_step(benchmark, backend, storage):
     STORAGE[(backend, storage)] = info
 
 
+def _interleaved(benchmark, timed, variants, rounds):
+    """Times ``timed(variant)`` for each variant, interleaved round by round (CUDA events,
+    one warm-up each), and gives pytest-benchmark the first variant; returns
+    {"<variant>_ms_per_step": median}."""
+    times = {variant: [] for variant in variants}
+    for variant in variants:
+        timed(variant)  # warm-up
+    for _ in range(rounds):
+        for variant in variants:
+            times[variant].append(_event_ms(lambda: timed(variant), 1))
+    benchmark.pedantic(lambda: (timed(variants[0]), torch.cuda.synchronize()), rounds=3,
+                       iterations=1)
+    info = {f"{variant}_ms_per_step": statistics.median(t) for variant, t in times.items()}
+    benchmark.extra_info.update(info, device=torch.cuda.get_device_name())
+    return info
+
+
 FUSED16 = {}  # graph -> the cuda bf16 step in its fused loop and in the solvers' loop
 
 
@@ -409,17 +426,7 @@ def test_storage_fused_loop(benchmark, graph_name):
         with solvers_loop("cuda", enabled=loop == "solvers"):
             step()
 
-    times = {loop: [] for loop in loops}
-    for loop in loops:
-        timed(loop)  # warm-up
-    for _ in range(ROUNDS["cuda"]):
-        for loop in loops:
-            times[loop].append(_event_ms(lambda: timed(loop), 1))
-    benchmark.pedantic(lambda: (timed("fused"), torch.cuda.synchronize()), rounds=5,
-                       iterations=1)
-    info = {f"{loop}_ms_per_step": statistics.median(t) for loop, t in times.items()}
-    benchmark.extra_info.update(info, device=torch.cuda.get_device_name())
-    FUSED16[graph_name] = info
+    FUSED16[graph_name] = _interleaved(benchmark, timed, loops, ROUNDS["cuda"])
 
 
 ROW_STEP = {}  # graph -> the triton step with its row step and on its row pass alone
@@ -429,11 +436,12 @@ ROW_STEP = {}  # graph -> the triton step with its row step and on its row pass 
 @pytest.mark.parametrize("graph_name", GOAL_GRAPHS + ("products",))
 def test_triton_row_step(benchmark, graph_name):
     """The triton training step (float32, h = d = 64, 10 + 10 iterations; its solves run in
-    the solvers' loop) with the backend's row step, whose sweeps return the norms of the
-    stopping test and the certificate and write nothing once done, against the same loop on
-    the row pass alone, which reads each iterate again for those norms and keeps it with a
-    torch.where per sweep (about 8 n x d element reads and writes a sweep); interleaved, the
-    same results."""
+    the solvers' loop) with the backend's row step, whose sweeps take the norms of the
+    stopping test and the certificate from their epilogue, their bookkeeping in one small
+    kernel, and write nothing once done, against the same loop on the row pass alone, which
+    reads each iterate again for those norms, keeps it with a torch.where per sweep (about
+    8 n x d element reads and writes a sweep) and runs some twenty small torch ops a sweep;
+    interleaved, the same results."""
     if "triton" not in dk.available_backends(device()):
         pytest.skip("backend 'triton' is not available in this build")
     ei, n = products_sized_graph() if graph_name == "products" else load_graph(graph_name)[:2]
@@ -449,17 +457,8 @@ def test_triton_row_step(benchmark, graph_name):
         with without("triton", "row_step", enabled=loop == "row_pass"):
             step()
 
-    times = {loop: [] for loop in loops}
-    for loop in loops:
-        timed(loop)  # warm-up
-    for _ in range(5 if graph_name == "products" else ROUNDS["triton"]):
-        for loop in loops:
-            times[loop].append(_event_ms(lambda: timed(loop), 1))
-    benchmark.pedantic(lambda: (timed("row_step"), torch.cuda.synchronize()), rounds=3,
-                       iterations=1)
-    info = {f"{loop}_ms_per_step": statistics.median(t) for loop, t in times.items()}
-    benchmark.extra_info.update(info, device=torch.cuda.get_device_name())
-    ROW_STEP[graph_name] = info
+    ROW_STEP[graph_name] = _interleaved(benchmark, timed, loops,
+                                        5 if graph_name == "products" else ROUNDS["triton"])
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])

@@ -74,12 +74,17 @@ def check_graph(rowptr: Tensor, col: Tensor, num_nodes: int, t_rowptr: Optional[
 def check_graph_data(trusted: bool, rowptr, col, nodes, t_rowptr=None, t_col=None,
                      t_perm=None) -> None:
     """:func:`check_graph` for an op whose node signal (n x d) is ``nodes``, unless the caller
-    vouches for the graph (``trusted``) or torch.compile traces (the graph's values are not
-    known then). The one data check of every backend: the ops here and the solve entry
-    (:func:`dignn_kernels.solvers.implicit_diffusion`) run it once, the passes of
-    :mod:`dignn_kernels.backends` never. When rowptr's length does not match ``nodes`` the data
-    are not checked: the op's own shape check then names rowptr and the node signal."""
+    vouches for the graph (``trusted``), torch.compile traces (the graph's values are not
+    known then) or a CUDA graph is being captured (the check reads a flag back, which a
+    capture cannot; the eager warm-up a capture needs has checked the graph, and a replay
+    runs the captured kernels only). The one data check of every backend: the ops here and
+    the solve entry (:func:`dignn_kernels.solvers.implicit_diffusion`) run it once, the passes
+    of :mod:`dignn_kernels.backends` never. When rowptr's length does not match ``nodes`` the
+    data are not checked: the op's own shape check then names rowptr and the node signal."""
     if trusted or torch.compiler.is_compiling():
+        return
+    if isinstance(rowptr, Tensor) and rowptr.is_cuda and \
+            torch.cuda.is_current_stream_capturing():
         return
     if not (isinstance(rowptr, Tensor) and isinstance(nodes, Tensor) and rowptr.dim() == 1
             and nodes.dim() >= 1 and rowptr.shape[0] == nodes.shape[0] + 1):

@@ -34,9 +34,11 @@ def transpose_csr(rowptr: Tensor, col: Tensor, n: int) -> Tuple[Tensor, Tensor, 
 
 
 def diagonal_index(rowptr: Tensor, col: Tensor) -> Tensor:
-    """For each row i of a coalesced CSR, the position of entry (i, i), or -1."""
-    n = rowptr.numel() - 1
-    rows = csr_rows(rowptr, col.numel())
-    loops = torch.nonzero(rows == col.long()).flatten()
-    index = torch.full((n,), -1, dtype=torch.int64, device=rowptr.device)
-    return index.index_copy_(0, rows[loops], loops)
+    """For each row i of a coalesced CSR, the position of entry (i, i), or -1; with device
+    ops only (no host read of how many self-loops there are)."""
+    n, m = rowptr.numel() - 1, col.numel()
+    rows = csr_rows(rowptr, m)
+    position = torch.where(rows == col.long(), torch.arange(m, device=rowptr.device), m)
+    index = torch.full((n,), m, dtype=torch.int64, device=rowptr.device)
+    index.scatter_reduce_(0, rows, position, "amin")
+    return torch.where(index == m, -1, index)

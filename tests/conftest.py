@@ -1,9 +1,11 @@
 """Small graphs of every kind the layer must handle, and helpers shared by the tests."""
 import os
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 # The Triton kernels run on CPU tensors only in Triton's interpreter, which has to be chosen
 # before the kernels are defined (dignn_kernels defines them on first use, so setting it here,
@@ -168,3 +170,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the tensor methods that copy a value to the host (each a device sync on a
+    GPU). Adam's own reads are left out: on the CPU its step counters are host scalars
+    anyway; on a GPU training uses fused Adam, whose counters stay on the device."""
+    READS = {"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu",
+             "numpy", "nonzero"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS and not any(
+                "torch/optim/" in frame.filename.replace("\\", "/")
+                for frame in traceback.extract_stack(limit=8)):
+            self.count += 1
+        return func(*args, **(kwargs or {}))

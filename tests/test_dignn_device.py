@@ -4,11 +4,9 @@ a GPU; here it runs with device="cpu" and the GPU's defaults (no host checks in 
 import json
 import subprocess
 import sys
-import traceback
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from dignn import cli
 from dignn.data import csbm
@@ -17,6 +15,7 @@ from dignn.presets import TrainConfig
 from dignn import training
 from dignn.training import train, train_node_split
 from dignn_kernels import FusedImplicitDiffusion
+from conftest import HostReads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,25 +51,6 @@ def test_cli_device_cuda_without_gpu_is_one_line(no_gpu, capsys):
     assert err.startswith("dignn train: error: device 'cuda' asked for") and "\n" not in err
     assert cli.main(["plot", "mu", "--device", "cuda:0"]) == 2
     assert capsys.readouterr().err.startswith("dignn plot: error: device 'cuda:0'")
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the tensor methods that copy a value to the host (each a device sync on a
-    GPU). Adam's own reads are left out: on the CPU its step counters are host scalars
-    anyway; on a GPU training uses fused Adam, whose counters stay on the device."""
-    READS = {"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu",
-             "numpy", "nonzero"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.READS and not any(
-                "torch/optim/" in frame.filename.replace("\\", "/")
-                for frame in traceback.extract_stack(limit=8)):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_no_host_reads_inside_epochs(graph, monkeypatch):

@@ -10,11 +10,12 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import ops, reference, solvers
-from dignn_kernels.backends import get_backend
+from dignn_kernels.backends import get_backend, interface as iface
+from dignn_kernels.solvers import loops
 from backend_faces import face
 from dignn_kernels.synthetic import uniform_graph
-from conftest import (GRAPH_KINDS, LAPLACIANS, gradcheck_layer, make_graph, make_layer, rel_err,
-                      thetas)
+from conftest import (GRAPH_KINDS, LAPLACIANS, HostReads, gradcheck_layer, make_graph,
+                      make_layer, rel_err, thetas)
 
 EXACT = dict(max_iter=400, tol=1e-14)
 SOLVERS = ["fixed_point", "cg", "anderson"]
@@ -331,17 +332,18 @@ def test_python_fixed_point_matches_compiled_loop(unfused_cpu):
 
 
 def composed_row_step(row_pass):
-    """The pass interface's row step (interface.RowStep) composed from a row pass: the
-    contract the Triton kernels implement, on any backend's passes."""
+    """The pass interface's row step (interface.RowStep) composed from a row pass and the
+    loop's own bookkeeping: the contract the Triton kernels implement, on any backend."""
     def row_step(rowptr, col, w, b, cy, rs, c):
-        def step(y, out, done):
+        def step(y, out, state, history, k):
+            done = state[iface.FP_DONE] != 0
             new = row_pass(rowptr, col, w, y, b, cy, rs)
-            live = (~done).double()
-            wide, before = new.double(), y.double()
             out.copy_(torch.where(done, out, new))
+            live = (~done).double()  # a done sweep's norms are 0
+            wide = new.double()
             row_sq = wide.square().sum(dim=1)
-            return live * torch.stack([(wide - before).square().sum(), row_sq.sum(),
-                                       (c.double() * row_sq).sum()])
+            loops.fixed_point_update(state, history, k, live * (wide - y.double()).norm(),
+                                     live * row_sq.sum().sqrt(), live * (c * row_sq).sum())
         return step
     return row_step
 
@@ -374,7 +376,7 @@ def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
     systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu,
                                          t_rowptr=t[0], t_col=t[1], t_perm=t[2])
                for backend in (CPU, stepped)]
-    assert systems[0].step_with_sums(False, x, chi) is None
+    assert systems[0].row_step_of(False, x, chi) is None
     diverged = []
     for solve in (solvers.solve_forward, solvers.solve_adjoint):
         for rhs in (x, torch.zeros_like(x)):
@@ -394,6 +396,33 @@ def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
                                       equal_nan=True)
                 diverged.append(bool(plain.diverged))
     assert any(diverged) == (mu < 1.0)  # mu = 0.5 breaks the certificate at sweep 1 already
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_solves_read_nothing_on_the_host_between_checks(solver):
+    """The GPU default (the flag read every 16 fixed-point sweeps, every 4 of cg and
+    anderson): a solve of fewer sweeps, converged from the start (X = 0) or not, forward and
+    adjoint, on the row pass and on a row step, reads no value back to the host (on a GPU
+    each read is a device sync); reading the flag every 4 sweeps reads it 2 times in 8 or
+    9 sweeps."""
+    x, ei, w = make_graph("weighted", n=30, d=4)
+    g = dk.build_graph(ei, x.size(0), w)
+    wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
+    stepped = dataclasses.replace(CPU, fused_solve=None,
+                                  row_step=composed_row_step(CPU.row_pass))
+    backends = [CPU] + ([stepped] if solver == "fixed_point" else [])
+    quiet = 16 if solver == "fixed_point" else 4
+    for backend in backends:
+        system = solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, 2.2)
+        for solve in (solvers.solve_forward, solvers.solve_adjoint):
+            for rhs in (x, torch.zeros_like(x)):
+                with HostReads() as reads:
+                    solve(system, rhs, solver, max_iter=quiet - 1, tol=1e-12,
+                          check_every=quiet)
+                assert reads.count == 0, (backend.row_step, solve, rhs.any())
+            with HostReads() as reads:
+                solve(system, x, solver, max_iter=9, tol=1e-12, check_every=4)
+            assert reads.count == 2
 
 
 def test_solve_history_and_stats():

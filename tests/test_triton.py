@@ -9,6 +9,7 @@ graphs have rows split into several segments (the heavy-row path), and the shape
 odd widths and widths over one tile (the masking and tiling paths).
 """
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
-from dignn_kernels.backends import triton as tb
+from dignn_kernels.backends import interface as iface, triton as tb
+from dignn_kernels.solvers import loops
 from backend_faces import face
 from conftest import make_graph, make_layer, rel_err, thetas, wide_range_projections
 
@@ -326,11 +328,23 @@ ROW_STEP_CASES = [("hub", 80, 5, torch.float32, None, 3), ("directed", 12, 131, 
                   ("symmetric", 20, 7, torch.float32, torch.float16, 64)]
 
 
+def solve_state(device, tol, bound):
+    """A fixed point's state (interface.FIXED_POINT_STATE) before its first sweep."""
+    state = torch.zeros(iface.FIXED_POINT_STATE, dtype=torch.float64)
+    state[[iface.FP_RESIDUAL, iface.FP_RELATIVE]] = torch.tensor([2.5, 1.0], dtype=torch.float64)
+    state[[iface.FP_TOL, iface.FP_BOUND]] = torch.tensor([tol, bound], dtype=torch.float64)
+    state[iface.FP_TINY] = torch.finfo(torch.float64).tiny
+    return state.to(device)
+
+
 @pytest.mark.parametrize("kind,n,d,dtype,storage,chunk", ROW_STEP_CASES, indirect=["chunk"])
-def test_row_step_is_the_row_pass_with_its_sums(device, kind, n, d, dtype, storage, chunk):
-    """row_step writes what csr_fma returns, bit for bit (heavy rows, channel tiles and 16-bit
-    iterates included), and returns the sums of its stored output: ||out - y||^2, ||out||^2 and
-    sum_i c_i ||out_i||^2; once done it writes and loads nothing and its sums are 0."""
+def test_row_step_is_the_row_pass_with_its_bookkeeping(device, kind, n, d, dtype, storage,
+                                                       chunk):
+    """The row step writes what csr_fma returns, bit for bit (heavy rows, channel tiles and
+    16-bit iterates included), and updates the fixed point's state and history as
+    loops.fixed_point_update does with the norms of its stored output (||out - y||, ||out||,
+    sum_i c_i ||out_i||^2), converging, running on and diverging; once done it loads and
+    writes nothing and the state stays as it was."""
     g, x, p, q, a, chi = graph_inputs(kind, n=n, d=d, dtype=dtype)
     gen = torch.Generator().manual_seed(3)
     y = torch.randn(x.shape, generator=gen, dtype=dtype).to(storage or dtype)
@@ -338,20 +352,31 @@ def test_row_step_is_the_row_pass_with_its_sums(device, kind, n, d, dtype, stora
     c = chi.abs() + 0.5
     rp, cl, wd, yd, xd, cyd, rsd, cd = to(device, g.rowptr, g.col, w, y, x, cy, rs, c)
     want = tk.csr_fma(rp, cl, wd, yd, xd, cyd, rsd)
-    step = tb.TRITON.row_step(rp, cl, wd, xd, cyd, rsd, cd)
-    out = torch.full_like(yd, 7.0)
-    sums = step(yd, out, torch.tensor(False, device=device))
-    assert out.dtype == yd.dtype and torch.equal(out, want)
     wide, before = want.cpu().double(), y.double()
-    expected = torch.stack([(wide - before).square().sum(), wide.square().sum(),
-                            (c.double() * wide.square().sum(dim=1)).sum()])
-    assert sums.dtype == torch.float64 and on_device(sums, device)
-    assert torch.allclose(sums.cpu(), expected, rtol=1e-12 if dtype == torch.float64 else 1e-5)
-    sums = step(yd, out, torch.tensor(True, device=device))
-    assert torch.equal(out, want) and not bool(sums.any())  # done: out as it was
+    res, size = (wide - before).norm(), wide.norm()
+    weighted = (c.double() * wide.square().sum(dim=1)).sum()
+    step = tb.TRITON.row_step(rp, cl, wd, xd, cyd, rsd, cd)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    # tol and bound: converges; runs on; diverges (the certificate's bound broken)
+    for tol, bound in ((2 * float(res / size), math.inf), (0.0, math.inf),
+                       (0.0, 0.5 * float(weighted))):
+        state, history = solve_state(device, tol, bound), torch.zeros(5, dtype=torch.float64,
+                                                                      device=device)
+        out = torch.full_like(yd, 7.0)
+        step(yd, out, state, history, 3)
+        assert out.dtype == yd.dtype and torch.equal(out, want)
+        expected, expected_history = solve_state("cpu", tol, bound), torch.zeros(5).double()
+        loops.fixed_point_update(expected, expected_history, 3, res, size, weighted)
+        assert torch.allclose(state.cpu(), expected, rtol=rtol)
+        assert torch.allclose(history.cpu(), expected_history, rtol=rtol)
+        assert float(state[iface.FP_DONE]) == float(tol > 0 or bound < math.inf)
+        assert float(state[iface.FP_DIVERGED]) == float(bound < math.inf)
+        assert float(state[iface.FP_SWEEPS]) == 1
+    done = state.clone()
     kept = torch.full_like(yd, 7.0)
-    step(yd, kept, torch.tensor([True], device=device))
-    assert bool((kept == 7.0).all())
+    step(yd, kept, state, history, 4)
+    assert bool((kept == 7.0).all()) and torch.equal(state, done)
+    assert float(history[3]) == 0.0  # the norms of a done sweep are 0
 
 
 STEP_SOLVES = [("symmetric", "rw", 2.2, 60, 1e-6, None), ("directed", "neural", 2.2, 8, 0.0,
@@ -383,7 +408,7 @@ def test_fixed_point_on_the_row_step_equals_the_row_pass_loop(device, kind, lapl
                                             **dict(zip(("t_rowptr", "t_col", "t_perm"),
                                                        to(device, *t))))
                for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_step=None))]
-    assert systems[1].step_with_sums(False, x, chi) is None
+    assert systems[1].row_step_of(False, x, chi) is None
     xd = x.to(device)
     for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
         for check_every in (1, 4, 0):
@@ -542,17 +567,20 @@ def test_bad_input_is_named(device):
     with pytest.raises(RuntimeError, match="b must be float32 or float64"):
         tb.TRITON.row_step(rp, cl, a, x.half(), chi, chi, chi)
     step = tb.TRITON.row_step(rp, cl, a, x, chi, chi, chi)
-    done = torch.tensor(False, device=device)
+    state, history = solve_state(device, 0.0, math.inf), x.new_zeros(8)
     with pytest.raises(RuntimeError, match="out must not be y"):
-        step(x, x, done)
+        step(x, x, state, history, 1)
     with pytest.raises(RuntimeError, match=r"out must be a contiguous buffer like y"):
-        step(x, x[:, :4].clone(), done)
+        step(x, x[:, :4].clone(), state, history, 1)
     with pytest.raises(RuntimeError, match="out must be a contiguous buffer like y"):
-        step(x, x.new_empty(5, 20).t(), done)
+        step(x, x.new_empty(5, 20).t(), state, history, 1)
     with pytest.raises(RuntimeError, match=r"y must have b's shape \[20, 5\]"):
-        step(x[:3], torch.empty_like(x[:3]), done)
-    with pytest.raises(RuntimeError, match="done must be a one-element bool tensor"):
-        step(x, torch.empty_like(x), done.int())
+        step(x[:3], torch.empty_like(x[:3]), state, history, 1)
+    with pytest.raises(RuntimeError, match="state must be a contiguous 1-D float64 tensor"):
+        step(x, torch.empty_like(x), state.float(), history, 1)
+    with pytest.raises(RuntimeError, match="history must be a contiguous 1-D float64 tensor "
+                                           "of at least 9 entries"):
+        step(x, torch.empty_like(x), state, history, 9)
 
 
 def test_availability_is_reported(monkeypatch):
@@ -589,7 +617,8 @@ def test_graph_without_nodes(device):
 def test_cuda_solve_never_syncs_with_the_host():
     """Once the graph's schedule exists, a forward + backward of the op (10 iterations each,
     fewer than CHECK_EVERY) makes no host sync (CUDA sync debug mode turns any into an
-    error)."""
+    error) when the caller vouches for the graph and reads no stats (the data check and the
+    divergence warning each read a value back by design)."""
     g, x, p, q, a, chi = to("cuda", *graph_inputs("directed", n=200, d=16, h=8,
                                                   dtype=torch.float32))
     t = to("cuda", *g.transposed())
@@ -598,7 +627,8 @@ def test_cuda_solve_never_syncs_with_the_host():
 
     def run():
         z, stats = tk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=3.0, max_iter=10,
-                                         tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+                                         tol=1e-6, t_rowptr=t[0], t_col=t[1], t_perm=t[2],
+                                         trusted=True, host_checks=False)
         (gx,) = torch.autograd.grad(z, [x], torch.ones_like(z))
         return z, gx
 

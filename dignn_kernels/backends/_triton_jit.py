@@ -39,7 +39,9 @@ The row-pass kernels also take a ``done`` flag and write per-program partial sum
 step as stored: ||out - y||^2, ||out||^2 and sum_i c_i ||out_i||^2 for per-row weights c (the
 fixed point's stopping test and divergence certificate, :func:`dignn_kernels.solvers.fixed_point`).
 Once the flag is set a kernel loads and stores nothing and its partial sums are 0: a converged
-solve's later sweeps leave their output buffer as it was (the backend's ``row_step``).
+solve's later sweeps leave their output buffer as it was (the backend's ``row_step``, whose
+flag is the first element of the solve's state, and whose bookkeeping is
+:func:`_fixed_point_update_kernel`).
 """
 import torch
 import triton
@@ -246,6 +248,14 @@ def _first_tile(pid_d, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _load_done(done_ptr):
+    """The done flag as an int32 scalar, 0 or 1, whatever the flag's dtype (a solve's float64
+    state, a uint8 or an int32 flag): the interpreter keeps a comparison's operand dtype, and
+    a float64 scalar cannot be and-ed with a row mask there."""
+    return (tl.load(done_ptr) != 0).to(tl.int32)
+
+
+@triton.jit
 def _store_norms(part, index, diff_sq, out_sq, weighted_sq):
     """Program `index`'s ROW_STEP_SUMS partial sums: ||out - y||^2, ||out||^2 and
     sum_i c_i ||out_i||^2."""
@@ -267,7 +277,7 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
     heavy rows leave (W y) partial sums in `scratch` for :func:`_csr_fma_combine_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
-    done = tl.load(done_ptr)
+    done = _load_done(done_ptr)
     row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
                                                    num_segs, pid, done, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -307,7 +317,7 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
     then the same epilogue as :func:`_csr_fma_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
-    done = tl.load(done_ptr)
+    done = _load_done(done_ptr)
     row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
                                                 num_heavy, pid, ROWS)
     count = tl.where(done != 0, 0, count)
@@ -398,7 +408,7 @@ def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
     tl.store(kappa_out + row64, kappa, mask=whole & first_tile)
     tl.store(scratch_kappa + slot64, kappa, mask=partial & first_tile)
     if HAS_STEP:
-        done = tl.load(done_ptr)
+        done = _load_done(done_ptr)
         diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi,
                                                         x, z, out, done, inv_mu, D)
         _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
@@ -431,7 +441,7 @@ def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, const
                            mask=smask[:, None] & cmask[None, :], other=0.0)
     tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & _first_tile(pid_d, ROWS))
     if HAS_STEP:
-        done = tl.load(done_ptr)
+        done = _load_done(done_ptr)
         diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi,
                                                         x, z, out, done, inv_mu, D)
         _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq,
@@ -593,6 +603,34 @@ def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, 
 
 # ------------------------------------------------------------- convergence on device --
 
+# ------------------------------------------------------ the fixed point's bookkeeping --
+
+@triton.jit(do_not_specialize=["k"])
+def _fixed_point_update_kernel(sums, state, history, k):
+    """dignn_kernels.solvers.loops.fixed_point_update, the same float64 operations in one
+    program: from the sweep's sums [||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2], the
+    relative residual into history[k - 1]; if the solve was live, the sweep counted, the
+    residuals kept and divergence (a non-finite residual or the certificate's bound broken)
+    flagged; done once diverged or res <= tol size. State layout: interface.FIXED_POINT_STATE
+    (0 done, 1 diverged, 2 sweeps, 3 residual, 4 relative, 5 tol, 6 bound, 7 tiny)."""
+    res = tl.sqrt(tl.load(sums))
+    size = tl.sqrt(tl.load(sums + 1))
+    weighted = tl.load(sums + 2)
+    was_done = tl.load(state) != 0
+    live = tl.load(state) == 0
+    # res * 0 is 0 for a finite res, NaN for inf and NaN (no float literal: they are float32)
+    bad = (res * 0.0 != 0.0) | (weighted > tl.load(state + 6))
+    rel = res / tl.maximum(size, tl.load(state + 7))
+    tl.store(history + k - 1, rel)
+    done = was_done | bad | (res <= tl.load(state + 5) * size)
+    diverged = (tl.load(state + 1) != 0) | (live & bad)
+    tl.store(state, tl.where(done, 1.0, 0.0))
+    tl.store(state + 1, tl.where(diverged, 1.0, 0.0))
+    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
+    tl.store(state + 3, tl.where(live, res, tl.load(state + 3)))
+    tl.store(state + 4, tl.where(live, rel, tl.load(state + 4)))
+
+
 # ---------------------------------------------------------------------- launchers --
 # All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
 
@@ -623,6 +661,11 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None):
                                         HAS_C=has_c, ROWS=rows, BLOCK_D=block_d,
                                         num_warps=warps)
     return part
+
+
+def fixed_point_update(sums, state, history, k):
+    """The fixed point's bookkeeping of sweep k on the device (see the kernel)."""
+    _fixed_point_update_kernel[(1,)](sums, state, history, k)
 
 
 def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, done):

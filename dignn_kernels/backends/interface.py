@@ -13,13 +13,15 @@ optional row step and an optional fused solve:
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
 - ``row_step`` (optional): ``row_step(rowptr, col, w, b, cy, rs, c) -> step``, the row pass
   of one fixed-point map (b + cy.y + rs.(W y)) prepared for a solve, checked once;
-  ``step(y, out, done) -> sums`` writes it into the buffer ``out`` (y's shape and dtype, not
-  y itself) unless the one-element bool ``done`` is set, and returns on the device the
-  float64 sums of its output as stored, ``[||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2]``
-  (all 0 once done: ``out`` is then left as it was). The solvers' fixed point
-  (:func:`dignn_kernels.solvers.fixed_point`) then takes its stopping test and divergence
-  certificate from the sweep itself, keeps two buffers and never reads an iterate again for
-  its bookkeeping. Without it, the loop computes those norms from the row pass's output;
+  ``step(y, out, state, history, k)`` is sweep k of the solvers' fixed point
+  (:func:`dignn_kernels.solvers.fixed_point`) on the device: unless the solve's state says
+  done, it writes the pass into the buffer ``out`` (y's shape and dtype, not y itself), and
+  it takes ``||out - y||``, ``||out||`` and ``sum_i c_i ||out_i||^2`` of its output as stored
+  (0 once done: ``out`` is then left as it was) into the loop's bookkeeping,
+  :func:`dignn_kernels.solvers.loops.fixed_point_update` of ``state`` (a float64 tensor laid
+  out as :data:`FIXED_POINT_STATE` says) and ``history``. The loop then keeps two buffers and
+  never reads an iterate again for its stopping test and divergence certificate. Without it,
+  the loop computes those norms from the row pass's output and updates the state itself;
 - ``fused_solve`` (optional): a whole fixed-point solve in the backend's own loop, forward
   (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr,
   t_col, t_perm, storage_dtype) -> (z, w, kappa, stats)``) and adjoint
@@ -58,12 +60,20 @@ import torch
 from torch import Tensor
 
 __all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "GradientPass",
-           "STORAGE_DTYPES", "ROW_STEP_SUMS"]
+           "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE", "FP_DIVERGED",
+           "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND", "FP_TINY",
+           "FP_UPDATED"]
 
 # The dtypes a solve may store its iterates and projections in (``storage_dtype``).
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
-# The sums a row step returns: ||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2.
+# The sums a row step takes of its output: ||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2.
 ROW_STEP_SUMS = 3
+# A fixed-point solve's state on the device, one float64 tensor (flags as 0 / 1): its layout,
+# shared by the solvers' loop and the row steps that update it. The first FP_UPDATED fields
+# change every sweep (FP_DONE first: the row kernels read the state's first element as their
+# done flag); the others are the solve's constants.
+FP_DONE, FP_DIVERGED, FP_SWEEPS, FP_RESIDUAL, FP_RELATIVE, FP_TOL, FP_BOUND, FP_TINY = range(8)
+FP_UPDATED, FIXED_POINT_STATE = 5, 8
 
 
 class NeuralEdgeWeights(Protocol):
@@ -78,7 +88,8 @@ class RowPass(Protocol):
 
 class RowStep(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor,
-                 rs: Tensor, c: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]: ...
+                 rs: Tensor, c: Tensor
+                 ) -> Callable[[Tensor, Tensor, Tensor, Tensor, int], None]: ...
 
 
 class GradientPass(Protocol):

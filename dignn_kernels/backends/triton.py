@@ -8,10 +8,11 @@
 
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
 loop of its own, but gives the solvers' fixed point a row step (:func:`_row_step`: the row
-pass into a given buffer, nothing once the solve is done, with the sums of its stopping test
-and divergence certificate), a plain function that only the solve calls. Each op checks shapes, dtypes and devices with the shared checks of
-:mod:`dignn_kernels.checks` (for direct callers of ``torch.ops.dignn_triton``); the graph's
-data are checked once at the op boundary (:mod:`dignn_kernels.ops`, the solve entry).
+pass into a given buffer, nothing once the solve is done, then the sweep's bookkeeping from
+the sums of its output in one small kernel), a plain function that only the solve calls.
+Each op checks shapes, dtypes and devices with the shared checks of :mod:`dignn_kernels.checks`
+(for direct callers of ``torch.ops.dignn_triton``); the graph's data are checked once at the
+op boundary (:mod:`dignn_kernels.ops`, the solve entry).
 
 Triton runs on CUDA tensors; on CPU tensors only under the Triton interpreter
 (``TRITON_INTERPRET=1`` in the environment before this module first launches a kernel), which
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from ..checks import (check_compute_dtype, check_edge_values, check_features,
                       check_projections, check_transposed, check_values)
-from .interface import ROW_STEP_SUMS, STORAGE_DTYPES, Backend
+from .interface import FIXED_POINT_STATE, FP_DONE, ROW_STEP_SUMS, STORAGE_DTYPES, Backend
 from .registration import register_edge_weights_autograd
 from .schedule import TRITON_SEGMENT_EDGES
 
@@ -346,11 +347,12 @@ def _(rowptr, col, w, y, b, cy, rs):
 
 
 def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs: Tensor,
-              c: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+              c: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, int], None]:
     """The row step of one fixed-point map (see :class:`~dignn_kernels.backends.interface.
     RowStep`): the graph, weights, coefficients and schedule checked and prepared once per
-    solve, so a sweep costs one launch and a sum (no dispatcher op: it runs inside the solve's
-    op, below its one autograd registration)."""
+    solve, so a sweep costs the row pass's launch, a sum of its partial sums and one launch of
+    the loop's bookkeeping (no dispatcher op: it runs inside the solve's op, below its one
+    autograd registration)."""
     n = _checked_graph(rowptr, col, w, "w")
     check_features(b, "b", n, rowptr)
     check_values(w, "w", [col.numel()], b, rowptr)
@@ -361,7 +363,7 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
     col, w, b, cy, rs, c = (t.contiguous() for t in (col, w, b, cy, rs, c))
     dtypes = (b.dtype,) + STORAGE_DTYPES
 
-    def step(y: Tensor, out: Tensor, done: Tensor) -> Tensor:
+    def step(y: Tensor, out: Tensor, state: Tensor, history: Tensor, k: int) -> None:
         if y.shape != b.shape or y.dtype not in dtypes or y.device != b.device:
             raise RuntimeError(f"y must have b's shape {list(b.shape)} and device {b.device} "
                                f"and dtype {b.dtype} or a 16-bit storage dtype, got "
@@ -375,16 +377,19 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
         if n and out.data_ptr() == y.data_ptr():
             raise RuntimeError("out must not be y: the step reads y's neighbour rows while it "
                                "writes out; pass a second buffer")
-        if done.dtype != torch.bool or done.numel() != 1 or done.device != y.device:
-            raise RuntimeError(f"done must be a one-element bool tensor on {y.device} (the "
-                               f"solve's convergence flag), got {done.dtype} of shape "
-                               f"{list(done.shape)} on {done.device}")
-        if not n:
-            return y.new_zeros(ROW_STEP_SUMS, dtype=torch.float64)
-        # one byte per flag: the kernels read done as uint8 (no conversion kernel per sweep)
-        part = jit.csr_fma(sched, col, w, y, b, cy, rs, out, done.reshape(1).view(torch.uint8),
-                           c)
-        return part.view(-1, ROW_STEP_SUMS).sum(dim=0)
+        for t, name, size in ((state, "state", FIXED_POINT_STATE), (history, "history", k)):
+            if t.dtype != torch.float64 or t.dim() != 1 or t.numel() < size or \
+                    t.device != y.device or not t.is_contiguous():
+                raise RuntimeError(f"{name} must be a contiguous 1-D float64 tensor of at least "
+                                   f"{size} entries on {y.device} (the fixed point's state "
+                                   f"and history, dignn_kernels.solvers.fixed_point), got "
+                                   f"{t.dtype} of shape {list(t.shape)} on {t.device}")
+        if n:  # the row kernels read the state's first element, FP_DONE, as their done flag
+            part = jit.csr_fma(sched, col, w, y, b, cy, rs, out, state[FP_DONE:], c)
+            sums = part.view(-1, ROW_STEP_SUMS).sum(dim=0)
+        else:
+            sums = state.new_zeros(ROW_STEP_SUMS)
+        jit.fixed_point_update(sums, state, history, k)
 
     return step
 

@@ -62,7 +62,7 @@ class DistributedSystem:
         out = self.local.adjoint_step(self.graph.pad(u), self._padded_rhs(g))
         return self.graph.exchange.scatter_add(out[self.num_owned:], self._owned(out))
 
-    def step_with_sums(self, adjoint: bool, rhs: Tensor, c: Tensor) -> None:
+    def row_step_of(self, adjoint: bool, rhs: Tensor, c: Tensor) -> None:
         """None: a sweep here exchanges halo rows around the local row pass, so the solvers'
         loop takes its norms from the owned rows it returns."""
         return None

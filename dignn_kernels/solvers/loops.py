@@ -61,6 +61,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from ..backends.interface import (FIXED_POINT_STATE, FP_BOUND, FP_DIVERGED, FP_DONE,
+                                  FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL,
+                                  FP_UPDATED)
 from ..laplacian import node_mass
 from .cg_update import CGState, cg_update_for
 from .system import EquilibriumSystem
@@ -70,6 +73,7 @@ from .system import EquilibriumSystem
 Reduce = Optional[Callable[[Tensor], Tensor]]
 
 __all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult", "fixed_point",
+           "fixed_point_update",
            "conjugate_gradient", "anderson", "solve_forward", "solve_adjoint",
            "default_check_every", "check_every_arg", "fixed_point_diverged"]
 
@@ -184,12 +188,35 @@ def check_every_arg(check_every: int) -> int:
     return check_every
 
 
+def fixed_point_update(state: Tensor, history: Tensor, k: int, res: Tensor, size: Tensor,
+                       weighted: Tensor) -> Tensor:
+    """The bookkeeping of sweep ``k`` of :func:`fixed_point`, in place on the device: from
+    the sweep's ||y_{k+1} - y_k|| (``res``), ||y_{k+1}|| (``size``) and certificate norm
+    sum_i c_i ||y_{k+1,i}||^2 (``weighted``), the relative residual into history[k - 1]
+    and, if the solve was still live, the sweep counted, the residuals kept, divergence
+    (a non-finite residual or the certificate's bound broken) flagged; then done once
+    diverged or res <= tol * size. Returns whether the sweep's iterate is accepted (live and
+    not bad). The Triton backend's row step runs the same update in a kernel
+    (:func:`dignn_kernels.backends._triton_jit.fixed_point_update`)."""
+    live = state[FP_DONE] == 0
+    bad = ~torch.isfinite(res) | (weighted > state[FP_BOUND])
+    rel = res / torch.maximum(size, state[FP_TINY])
+    history[k - 1] = rel
+    # a live sweep starts from done = diverged = 0; a done one leaves the state as it is
+    updated = {FP_DONE: (bad | (res <= state[FP_TOL] * size)).double(),
+               FP_DIVERGED: bad.double(), FP_SWEEPS: state[FP_SWEEPS] + 1,
+               FP_RESIDUAL: res, FP_RELATIVE: rel}
+    state[:FP_UPDATED] = torch.where(live, torch.stack([updated[i] for i in range(FP_UPDATED)]),
+                                     state[:FP_UPDATED])
+    return live & ~bad
+
+
 def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
                 check_every: int = 1, certificate: Optional[Tensor] = None,
                 growth: float = _CERTIFICATE_SYMMETRIC,
                 callback: Optional[Callable[[int], None]] = None,
                 reduce: Reduce = None,
-                step_with_sums: Optional[Callable[..., Tensor]] = None) -> SolveResult:
+                row_step: Optional[Callable[..., None]] = None) -> SolveResult:
     """The paper's iteration (eq. iter) from Z_0 = 0: y_1 = rhs, y_{k+1} = step(y_k), at most
     ``max_iter`` iterations (max_iter - 1 sweeps), until ||y_{k+1} - y_k|| <= tol ||y_{k+1}||
     (the paper's stopping test). The result counts iterations as the paper does
@@ -202,71 +229,67 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     mu < lambda_max(Delta): the loop stops there (before anything overflows), keeps the last
     iterate under the bound and flags ``diverged``.
 
-    ``step_with_sums`` (a backend's row step of the same map with the certificate's weights,
-    ``(y, out, done) -> sums``, see :class:`~dignn_kernels.backends.interface.RowStep`):
-    every sweep writes into one of two buffers and returns the norms of the test and the
-    certificate itself, and a done solve's sweeps write nothing, so no iterate is read again
-    for the bookkeeping; at the end the buffer holding the last accepted iterate is picked on
-    the device."""
+    The solve's state lives on the device (one float64 tensor, laid out as
+    :data:`~dignn_kernels.backends.interface.FIXED_POINT_STATE` says), updated once a sweep by
+    :func:`fixed_point_update`. ``row_step`` (a backend's row step of the same map with the
+    certificate's weights, ``(y, out, state, history, k) -> None``, see
+    :class:`~dignn_kernels.backends.interface.RowStep`) runs a sweep and that update itself:
+    every sweep writes into one of two buffers, takes the norms from its own output and
+    writes nothing once the solve is done, so no iterate is read again for the bookkeeping;
+    at the end the buffer holding the last accepted iterate is picked on the device."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
-    diverged = done.clone()
-    residual = ref.clone()  # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0)
-    relative = (ref > 0).double()
-    done = done | (ref <= 0)  # rhs = 0: y = 0 is exact
-    bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else None
-    tiny = torch.finfo(torch.float64).tiny
+    ref, ref_safe, history, _, _ = _start(rhs, max_iter, reduce=reduce)
+    zero = torch.zeros_like(ref)
+    bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else \
+        torch.full_like(ref, math.inf)
+    # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0); rhs = 0: y = 0 is exact
+    fields = {FP_DONE: (ref <= 0).double(), FP_DIVERGED: zero, FP_SWEEPS: zero,
+              FP_RESIDUAL: ref, FP_RELATIVE: (ref > 0).double(),
+              FP_TOL: torch.full_like(ref, tol), FP_BOUND: bound,
+              FP_TINY: torch.full_like(ref, torch.finfo(torch.float64).tiny)}
+    state = torch.stack([fields[i] for i in range(FIXED_POINT_STATE)])
     y = rhs
-    if step_with_sums is not None:
+    if row_step is not None:
         # sweep k reads buffers[k % 2] and writes buffers[(k - 1) % 2]; y_1 is buffers[1]
         buffers = (torch.empty_like(rhs, memory_format=torch.contiguous_format),
                    rhs.contiguous().clone())
         y = buffers[1]
-    if not (check_every and bool(done)):
+    if not (check_every == 1 and bool(state[FP_DONE])):  # (a host read: the CPU default only)
         for k in range(1, max_iter):
-            if step_with_sums is None:
+            if row_step is not None:
+                y_next = buffers[(k - 1) % 2]
+                row_step(y, y_next, state, history, k)
+                y = y_next  # once done, the sweeps leave both buffers as they are
+            else:
                 y_next = step(y)
                 res = _norm(y_next - y, reduce)  # the residual of y_{k-1}
                 row_sq = _row_sq(y_next)  # one read of y_next for its norm and the certificate
                 size = _global(row_sq.sum(), reduce).sqrt()
                 weighted = _weighted_sq(y_next, certificate, reduce, row_sq) \
-                    if bound is not None else None
-            else:
-                y_next = buffers[(k - 1) % 2]
-                sums = _global(step_with_sums(y, y_next, done), reduce)
-                res, size, weighted = sums[0].sqrt(), sums[1].sqrt(), sums[2]
-            bad = ~torch.isfinite(res)
-            if bound is not None:
-                bad = bad | (weighted > bound)
-            rel = res / size.clamp_min(tiny)
-            history[k - 1] = rel
-            live = ~done
-            sweeps += live
-            diverged |= live & bad
-            residual = torch.where(live, res, residual)
-            relative = torch.where(live, rel, relative)
-            done = done | bad | (res <= tol * size)
+                    if certificate is not None else zero
+                accept = fixed_point_update(state, history, k, res, size, weighted)
             if callback is not None:
                 callback(k)
-            if step_with_sums is not None:
-                y = y_next  # once done, the sweeps leave both buffers as they are
-                if check_every and k % check_every == 0 and bool(done):
-                    break
-            elif check_every == 1:
-                is_bad, is_done = torch.stack([bad, done]).tolist()
-                if not is_bad:
+            if row_step is None and check_every == 1:  # every sweep starts live here
+                is_done, is_diverged = torch.stack([state[FP_DONE],
+                                                    state[FP_DIVERGED]]).tolist()
+                if not is_diverged:
                     y = y_next
                 if is_done:
                     break
-            else:
-                y = torch.where(live & ~bad, y_next, y)  # accepted: live and not bad
-                if check_every and k % check_every == 0 and bool(done):
-                    break
-    if step_with_sums is not None:
+                continue
+            if row_step is None:
+                y = torch.where(accept, y_next, y)
+            if check_every and k % check_every == 0 and bool(state[FP_DONE]):
+                break
+    if row_step is not None:
         # the last accepted iterate, y_{K+1} (K live sweeps) or y_K after a diverged sweep K
-        y = torch.where((sweeps + diverged.long()) % 2 == 1, buffers[0], buffers[1])
-    out = _finish(y, rhs, history, sweeps, residual, ref_safe, diverged, sweeps)
-    out.relative, out.counts_start = relative, True
+        y = torch.where((state[FP_SWEEPS] + state[FP_DIVERGED]) % 2 == 1, buffers[0],
+                        buffers[1])
+    sweeps = state[FP_SWEEPS].long()
+    out = _finish(y, rhs, history, sweeps, state[FP_RESIDUAL], ref_safe,
+                  state[FP_DIVERGED] != 0, sweeps)
+    out.relative, out.counts_start = state[FP_RELATIVE], True
     return out
 
 
@@ -304,7 +327,7 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     diverged = done.clone()
     history[0] = residual / ref_safe
     done = done | (residual <= tol * ref)
-    if not (check_every and bool(done)):
+    if not (check_every == 1 and bool(done)):  # (a host read: the CPU default only)
         for k in range(1, max_iter + 1):
             w = apply(state.u)
             delta = _global(update.dot(state, w), reduce)
@@ -397,7 +420,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         return _global(torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
                                     for j in range(filled)]).double(), reduce)
 
-    if check_every and bool(done):
+    if check_every == 1 and bool(done):  # (a host read: the CPU default only)
         max_iter = 1
     for k in range(1, max_iter):
         filled = min(k - 1, m)
@@ -474,7 +497,7 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
     fixed = dict(tol=tol, check_every=check_every, certificate=certificate, callback=callback,
-                 reduce=reduce, step_with_sums=system.step_with_sums(adjoint, rhs, certificate))
+                 reduce=reduce, row_step=system.row_step_of(adjoint, rhs, certificate))
     if storage_dtype is None or max_iter == 1:
         return fixed_point(step, rhs, max_iter=max_iter, growth=growth, **fixed)
     out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,

@@ -22,7 +22,7 @@ class EquilibriumSystem:
 
     - ``step(z, x) = x + cy.z + ca.(W z)``: the forward fixed-point map (eq. iter);
     - ``adjoint_step(u, g) = g + cy.u + W^T (ca.u)``: the adjoint fixed-point map;
-    - ``step_with_sums``: either map as the backend's row step, if it has one;
+    - ``row_step_of``: either map as the backend's row step, if it has one;
     - ``spd_apply(y) = (S + L/mu) y``: the SPD matrix, S = diag(chi) with 1 on guard rows,
       identity rows on guard rows;
     - ``mass`` = diag(S), ``inv_diagonal`` = 1 / diag(S + L/mu) (Jacobi);
@@ -84,10 +84,10 @@ class EquilibriumSystem:
         rowptr, col, w, cy, rs = self._map(True)
         return self.row_pass(rowptr, col, w, u, g, cy, rs)
 
-    def step_with_sums(self, adjoint: bool, rhs: Tensor, c: Tensor
-                       ) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
+    def row_step_of(self, adjoint: bool, rhs: Tensor, c: Tensor
+                    ) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor, int], None]]:
         """The backend's row step of the forward (or adjoint) map with right-hand side
-        ``rhs`` and certificate weights ``c``, as ``(y, out, done) -> sums`` (see the pass
+        ``rhs`` and certificate weights ``c``, prepared for one solve (see the pass
         interface's ``row_step``); None where the backend has none."""
         if self.row_step is None:
             return None
