@@ -17,6 +17,10 @@ every 16 sweeps (the GPU default) and every sweep (the CPU default).
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/triton_host_sweep.py \\
         bench/results/triton_host_sweep_cpu.json
 
+The same for an iteration of cg with the Triton vector update (its dot, step and bookkeeping
+launches stubbed, the sweep an identity): the bookkeeping (residual, history, flags, stopping
+test) in the update's one kernel against the same in PyTorch ops.
+
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
 """
@@ -88,9 +92,58 @@ def main(out_path):
         result["us_per_sweep"][f"check_every_{check_every}"] = medians
         print(f"check_every={check_every}: " +
               ", ".join(f"{name} {us:.0f} us/sweep" for name, us in medians.items()))
+    result["cg_us_per_iteration"] = cg_host_times(gen)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
+
+
+def cg_host_times(gen):
+    """Host time per iteration of cg with the Triton vector update (its launches stubbed out,
+    a stubbed sweep): the iteration's bookkeeping in the update's one kernel (``finish``,
+    stubbed: its launch not counted) against the same bookkeeping in PyTorch ops."""
+    from dignn_kernels.solvers import _triton_cg, cg_update
+    _triton_cg.column_dots = lambda a, b: a.new_ones(a.shape[1])
+    sums = torch.tensor([[1.0] * CHANNELS, [1.0] * CHANNELS])
+
+    def cg_step_stub(state, w, delta, live):
+        return state.alpha_prev, sums.clone()
+
+    _triton_cg.cg_step = cg_step_stub
+    _triton_cg.cg_finish = lambda sums, flags, history, k: None
+    class TorchFinish(cg_update.TritonCGUpdate):  # the Triton update, PyTorch bookkeeping
+        finish = staticmethod(cg_update.TorchCGUpdate.finish)
+
+    variants = {"finish_kernel": cg_update.TritonCGUpdate, "finish_torch": TorchFinish}
+    rhs = torch.randn(NODES, CHANNELS, generator=gen)
+    inv = torch.rand(NODES, generator=gen) + 0.5
+    original = cg_update.cg_update_for
+
+    loops_module = sys.modules["dignn_kernels.solvers.loops"]
+
+    def iteration_us(name):
+        loops_module.cg_update_for = lambda rhs, kernels: variants[name]
+        try:
+            start = time.perf_counter()
+            out = dk.solvers.conjugate_gradient(lambda u: u, rhs, inv, max_iter=SWEEPS,
+                                                tol=0.0, check_every=16)
+            elapsed = time.perf_counter() - start
+        finally:
+            loops_module.cg_update_for = original
+        # (the kernel's bookkeeping is stubbed: its flags count no iteration)
+        assert int(out.sweeps) == (0 if name == "finish_kernel" else SWEEPS)
+        return elapsed / SWEEPS * 1e6
+
+    times = {name: [] for name in variants}
+    for name in variants:
+        iteration_us(name)
+    for _ in range(ROUNDS):
+        for name in variants:
+            times[name].append(iteration_us(name))
+    medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
+    print("cg, flag read every 16 iterations: " +
+          ", ".join(f"{name} {us:.0f} us/iteration" for name, us in medians.items()))
+    return medians
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from dignn_kernels import solvers
-from dignn_kernels.solvers.cg_update import (CGState, TorchCGUpdate, TritonCGUpdate,
+from dignn_kernels.solvers.cg_update import (CG_DIVERGED, CG_DONE, CG_SWEEPS, CGState,
+                                             TorchCGUpdate, TritonCGUpdate, cg_flags,
                                              cg_update_for)
 
 pytest.importorskip("triton")
@@ -55,6 +56,53 @@ def test_triton_update_equals_torch(n, d, dtype, live):
     if not live:  # a finished solve keeps z and r
         assert torch.equal(a.z, st.z) and torch.equal(b.r, st.r)
         assert not b.alpha_prev.any()
+
+
+FINISH_CASES = [  # (d, dtype, sums' kind, flags' done, target): one block and several
+    (5, torch.float32, "finite", False, 1e-3), (5, torch.float64, "finite", False, 1e9),
+    (2100, torch.float32, "finite", False, 1e-3), (6, torch.float32, "nan", False, 1e-3),
+    (6, torch.float64, "inf", False, 1e-3), (6, torch.float32, "finite", True, 1e-3),
+    (6, torch.float64, "negative", False, 1e-3)]
+
+
+@pytest.mark.parametrize("d,dtype,kind,done,target", FINISH_CASES)
+def test_triton_finish_equals_torch(d, dtype, kind, done, target):
+    """The iteration's bookkeeping in one kernel against the PyTorch ops: the residual, the
+    history entry, the sweep count, the divergence and done flags and the kept residual, for
+    a live iteration that runs on or stops, a non-finite residual, a negative sum rounding
+    (clamped to 0) and a finished solve (flags as they were)."""
+    g = torch.Generator().manual_seed(d)
+    sums = torch.rand(2, d, generator=g, dtype=dtype)
+    if kind == "nan":
+        sums[1, d // 2] = float("nan")
+    elif kind == "inf":
+        sums[1, 0] = float("inf")
+    elif kind == "negative":
+        sums[1] = -1e-300
+    residual = torch.tensor(2.0, dtype=torch.float64)
+    flags = cg_flags(residual, torch.tensor(target, dtype=torch.float64),
+                     torch.tensor(4.0, dtype=torch.float64))
+    flags[CG_DONE] = float(done)
+    flags[CG_SWEEPS] = 3.0
+    results = []
+    for update in (TorchCGUpdate, TritonCGUpdate):
+        st = _state(4, d, dtype)
+        f, history = flags.clone().to(DEVICE), torch.full((5,), -1.0, dtype=torch.float64,
+                                                           device=DEVICE)
+        update.finish(st, sums.to(DEVICE), f, history, 2)
+        assert torch.equal(st.gamma.cpu(), sums[0]) and st.pending is None
+        results.append((f.cpu(), history.cpu()))
+    (f_t, h_t), (f_k, h_k) = results
+    torch.testing.assert_close(f_k, f_t, rtol=1e-13, atol=0, equal_nan=True)
+    torch.testing.assert_close(h_k, h_t, rtol=1e-13, atol=0, equal_nan=True)
+    res = float(h_t[2]) * 4.0
+    if done:
+        assert torch.equal(f_t, flags)
+    else:
+        assert float(f_t[CG_SWEEPS]) == 4.0
+        assert float(f_t[CG_DIVERGED]) == float(kind in ("nan", "inf"))
+        assert float(f_t[CG_DONE]) == float(kind != "finite" or res <= target)
+        assert kind != "negative" or res == 0.0
 
 
 def test_empty_and_zero_width():

@@ -687,7 +687,7 @@ from dignn_kernels.backends import _triton_jit as jit, triton as tb
 assert not jit.INTERPRETED
 tb._require_device = lambda t: None  # launches on CPU tensors are recorded, never run
 TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
-         torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16"}
+         torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.bool: "i1"}
 variants = {}
 
 
@@ -711,9 +711,11 @@ class Recorder:
         return record
 
 
-for name in dir(jit):
-    if name.endswith("_kernel"):
-        setattr(jit, name, Recorder(getattr(jit, name)))
+from dignn_kernels.solvers import _triton_cg as cg_jit, cg_update
+for module in (jit, cg_jit):
+    for name in dir(module):
+        if name.endswith("_kernel"):
+            setattr(module, name, Recorder(getattr(module, name)))
 
 for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric blocks
     for kind in ("symmetric", "directed"):
@@ -740,6 +742,14 @@ for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric
             z.sum().backward()
         w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q, backend="triton")
         (w.sum() + kappa.sum()).backward()
+# the cg vector update and its bookkeeping (what a cg solve launches on a GPU)
+for dtype in (torch.float32, torch.float64):
+    rhs = torch.randn(300, 64, dtype=dtype)
+    st = cg_update.CGState.start(rhs, torch.rand(300, dtype=dtype) + 0.5, None, None)
+    delta = cg_jit.column_dots(rhs, st.u)
+    flags = cg_update.cg_flags(*torch.ones(3, dtype=torch.float64))
+    cg_jit.cg_step(st, rhs, delta, flags[0] == 0)
+    cg_jit.cg_finish(torch.rand(2, 64, dtype=dtype), flags, torch.zeros(9).double(), 3)
 
 target = GPUTarget("cuda", 90, 32)
 for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):

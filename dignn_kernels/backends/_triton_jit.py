@@ -620,7 +620,8 @@ def _fixed_point_update_kernel(sums, state, history, k):
     live = tl.load(state) == 0
     # res * 0 is 0 for a finite res, NaN for inf and NaN (no float literal: they are float32)
     bad = (res * 0.0 != 0.0) | (weighted > tl.load(state + 6))
-    rel = res / tl.maximum(size, tl.load(state + 7))
+    tiny = tl.load(state + 7)
+    rel = res / tl.where(size < tiny, tiny, size)  # a NaN size stays NaN, as torch.maximum
     tl.store(history + k - 1, rel)
     done = was_done | bad | (res <= tl.load(state + 5) * size)
     diverged = (tl.load(state + 1) != 0) | (live & bad)

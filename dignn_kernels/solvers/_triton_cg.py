@@ -1,5 +1,6 @@
-"""Triton kernels of the conjugate-gradient update (:mod:`.cg_update`, whose docstring has
-the formulas; :class:`~.cg_update.TorchCGUpdate` is the same in PyTorch, their test oracle).
+"""Triton kernels of the conjugate-gradient update and its bookkeeping (:mod:`.cg_update`,
+whose docstring has the formulas; :class:`~.cg_update.TorchCGUpdate` is the same in PyTorch,
+their test oracle).
 
 Both kernels tile the n x d vectors in blocks of ``ROWS`` rows by ``BLOCK_D`` channels and
 write one row of partial sums per row block, which a ``torch.sum`` over the blocks then adds
@@ -9,7 +10,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["column_dots", "cg_step", "ROWS"]
+__all__ = ["column_dots", "cg_step", "cg_finish", "ROWS"]
 
 ROWS = 64
 
@@ -76,6 +77,38 @@ def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, 
     base = pid_r.to(tl.int64) * 2 * D
     tl.store(partials + base + cols, tl.sum(r_sq * w_u[:, None], axis=0), mask=cmask)
     tl.store(partials + base + D + cols, tl.sum(r_sq * w_res[:, None], axis=0), mask=cmask)
+
+
+@triton.jit(do_not_specialize=["k"])
+def _cg_finish_kernel(sums, d, flags, history, k, BLOCK: tl.constexpr):
+    """cg_update.TorchCGUpdate.finish in one program, float64: res = sqrt(max(sum_c
+    sums[1, c], 0)) (NaN kept), history[k] = res / ref_safe; if live, the iteration counted,
+    res kept, a non-finite res flagged as divergence; done once diverged or res <= target.
+    Flags: cg_update.CG_FLAGS (0 done, 1 diverged, 2 sweeps, 3 residual, 4 target,
+    5 ref_safe)."""
+    total = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
+    for start in range(0, d, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += tl.sum(tl.load(sums + d + cols, mask=cols < d, other=0.0).to(tl.float64),
+                        axis=0)
+    res = tl.sqrt(tl.where(total < 0, 0.0, total))  # a NaN stays NaN, as clamp_min keeps it
+    was_done = tl.load(flags) != 0
+    live = tl.load(flags) == 0
+    bad = res * 0.0 != 0.0  # NaN or inf (no float literal: they are float32)
+    tl.store(history + k, res / tl.load(flags + 5))
+    done = was_done | bad | (res <= tl.load(flags + 4))
+    diverged = (tl.load(flags + 1) != 0) | (live & bad)
+    tl.store(flags, tl.where(done, 1.0, 0.0))
+    tl.store(flags + 1, tl.where(diverged, 1.0, 0.0))
+    tl.store(flags + 2, tl.load(flags + 2) + tl.where(live, 1.0, 0.0))
+    tl.store(flags + 3, tl.where(live, res, tl.load(flags + 3)))
+
+
+def cg_finish(sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:
+    """The bookkeeping of iteration k on the device (see the kernel), from the [2, d] sums."""
+    d = sums.shape[1]
+    _cg_finish_kernel[(1,)](sums.contiguous(), d, flags, history, k,
+                            BLOCK=min(triton.next_power_of_2(max(d, 1)), 1024))
 
 
 def _grid(n: int, d: int):

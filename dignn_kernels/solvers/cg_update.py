@@ -14,9 +14,10 @@ denominator). A finished solve (``live`` false) takes alpha = beta = 0: z and r 
 
 - :class:`TorchCGUpdate`: PyTorch ops, any device (each op one kernel on a GPU);
 - :class:`TritonCGUpdate`: on a GPU the dot product w.u is one kernel (+ a sum of its block
-  partials), and the whole update (coefficients, five vectors, the partial sums of the next
-  r.u and ||scale r||^2) another (+ a sum): four launches where the PyTorch ops take about
-  twenty. Its kernels are in :mod:`._triton_cg`; on the CPU they run only in the Triton
+  partials), the whole update (coefficients, five vectors, the partial sums of the next
+  r.u and ||scale r||^2) another (+ a sum), and the iteration's bookkeeping (residual,
+  history, flags, stopping test) a third: five launches where the PyTorch ops take about
+  thirty. Its kernels are in :mod:`._triton_cg`; on the CPU they run only in the Triton
   interpreter (the tests).
 
 Both leave the same state: :class:`CGState` holds the vectors and the per-channel scalars.
@@ -27,9 +28,31 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS"]
+__all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS",
+           "CG_DONE", "CG_DIVERGED", "CG_SWEEPS", "CG_RESIDUAL", "CG_TARGET", "CG_REF_SAFE",
+           "CG_FLAGS", "cg_flags"]
 
 VECTOR_KERNELS = ("torch", "triton")
+
+# The solve's flags and counters on the device, one float64 tensor (flags as 0 / 1): the first
+# CG_UPDATED fields change every iteration, the others are the solve's constants (the stopping
+# target tol * ||rhs|| and the safe reference norm for the history).
+CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL, CG_TARGET, CG_REF_SAFE = range(6)
+CG_UPDATED, CG_FLAGS = 4, 6
+
+
+def cg_flags(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor:
+    """The flags before the first iteration: done where the start's residual already meets
+    the target (rhs = 0 included)."""
+    zero = torch.zeros_like(residual)
+    fields = {CG_DONE: (residual <= target).double(), CG_DIVERGED: zero, CG_SWEEPS: zero,
+              CG_RESIDUAL: residual, CG_TARGET: target, CG_REF_SAFE: ref_safe}
+    return torch.stack([fields[i].double() for i in range(CG_FLAGS)])
+
+
+def _residual_norm(sums: Tensor) -> Tensor:
+    """||scale * r||_F (float64) from the [2, d] sums r.u and ||scale r||^2 per channel."""
+    return sums[1].double().sum().clamp_min(0.0).sqrt()
 
 
 @dataclass
@@ -87,9 +110,13 @@ class CGState:
     def finish_reduction(self, sums: Tensor) -> Tensor:
         """Takes the (global) sums of :meth:`reduction`: the new gamma; returns the residual
         ||scale * r||_F (float64)."""
+        self.take_gamma(sums)
+        return _residual_norm(sums)
+
+    def take_gamma(self, sums: Tensor) -> None:
+        """The new gamma = r.u from the (global) sums of :meth:`reduction`."""
         self.pending = None
         self.gamma_prev, self.gamma = self.gamma, sums[0].contiguous()
-        return sums[1].double().sum().clamp_min(0.0).sqrt()
 
 
 def coefficients(state: CGState, delta: Tensor, live: Tensor):
@@ -106,6 +133,24 @@ class TorchCGUpdate:
     """The update in PyTorch ops."""
 
     name = "torch"
+
+    @staticmethod
+    def finish(state: CGState, sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:
+        """The bookkeeping of iteration k from the (global) sums of :meth:`CGState.reduction`,
+        in place on the device: the new gamma, the relative residual into history[k] and, if
+        the solve was live, the iteration counted, the residual kept, a non-finite one flagged
+        as divergence; then done once diverged or the residual meets the target."""
+        state.take_gamma(sums)
+        res = _residual_norm(sums)
+        live = flags[CG_DONE] == 0
+        bad = ~torch.isfinite(res)
+        history[k] = res / flags[CG_REF_SAFE]
+        # a live iteration starts from done = diverged = 0; a done one leaves the flags
+        updated = {CG_DONE: (bad | (res <= flags[CG_TARGET])).double(),
+                   CG_DIVERGED: bad.double(), CG_SWEEPS: flags[CG_SWEEPS] + 1,
+                   CG_RESIDUAL: res}
+        flags[:CG_UPDATED] = torch.where(
+            live, torch.stack([updated[i] for i in range(CG_UPDATED)]), flags[:CG_UPDATED])
 
     @staticmethod
     def dot(state: CGState, w: Tensor) -> Tensor:
@@ -136,6 +181,13 @@ class TritonCGUpdate:
     def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
         from ._triton_cg import cg_step
         state.alpha_prev, state.pending = cg_step(state, w, delta, live)
+
+    @staticmethod
+    def finish(state: CGState, sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:
+        """:meth:`TorchCGUpdate.finish` in one kernel."""
+        from ._triton_cg import cg_finish
+        state.take_gamma(sums)
+        cg_finish(sums, flags, history, k)
 
 
 def _triton_runs(x: Tensor) -> bool:

@@ -65,7 +65,8 @@ from ..backends.interface import (FIXED_POINT_STATE, FP_BOUND, FP_DIVERGED, FP_D
                                   FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL,
                                   FP_UPDATED)
 from ..laplacian import node_mass
-from .cg_update import CGState, cg_update_for
+from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
+    cg_update_for
 from .system import EquilibriumSystem
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
@@ -320,31 +321,26 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
     (guard rows keep z_i = x_i bit for bit); the others start at 0."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, ref_norm, reduce)
+    ref, ref_safe, history, _, _ = _start(rhs, max_iter, ref_norm, reduce)
     update = cg_update_for(rhs, vector_kernels)
     state = CGState.start(rhs, inv_diagonal, residual_scale, decoupled)
     residual = state.finish_reduction(_global(state.reduction(), reduce))
-    diverged = done.clone()
     history[0] = residual / ref_safe
-    done = done | (residual <= tol * ref)
-    if not (check_every == 1 and bool(done)):  # (a host read: the CPU default only)
+    # the flags and counters on the device, updated by the vector update's finish
+    flags = cg_flags(residual, tol * ref, ref_safe)
+    if not (check_every == 1 and bool(flags[CG_DONE])):  # (a host read: the CPU default only)
         for k in range(1, max_iter + 1):
             w = apply(state.u)
             delta = _global(update.dot(state, w), reduce)
-            live = ~done
-            update.step(state, w, delta, live)
-            res = state.finish_reduction(_global(state.reduction(), reduce))
-            history[k] = res / ref_safe
-            sweeps += live
-            bad = ~torch.isfinite(res)
-            diverged |= live & bad
-            residual = torch.where(live, res, residual)
-            done = done | bad | (res <= tol * ref)
+            update.step(state, w, delta, flags[CG_DONE] == 0)
+            update.finish(state, _global(state.reduction(), reduce), flags, history, k)
             if callback is not None:
                 callback(k)
-            if check_every and k % check_every == 0 and bool(done):
+            if check_every and k % check_every == 0 and bool(flags[CG_DONE]):
                 break
-    return _finish(state.z, rhs, history, sweeps, residual, ref_safe, diverged, sweeps + 1)
+    sweeps = flags[CG_SWEEPS].long()
+    return _finish(state.z, rhs, history, sweeps, flags[CG_RESIDUAL], ref_safe,
+                   flags[CG_DIVERGED] != 0, sweeps + 1)
 
 
 def _anderson_regularization(dtype: torch.dtype) -> float:
