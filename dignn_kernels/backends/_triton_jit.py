@@ -601,9 +601,21 @@ def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, 
     tl.store(grad_q + off, acc_q, mask=m_rows)
 
 
-# ------------------------------------------------------------- convergence on device --
+# ------------------------------------------------------ the solves' bookkeeping --
 
-# ------------------------------------------------------ the fixed point's bookkeeping --
+@triton.jit
+def record_iteration(state, res, bad, stop):
+    """One iteration of a solve in its float64 state, whose first four fields the fixed
+    point's and cg's layouts share (0 done, 1 diverged, 2 iterations, 3 residual): if the solve
+    was live, the iteration counted, res kept, divergence flagged where `bad`; done once
+    bad or `stop`. Returns whether it was live (a done solve keeps its state)."""
+    live = tl.load(state) == 0
+    tl.store(state, tl.where((tl.load(state) != 0) | bad | stop, 1.0, 0.0))
+    tl.store(state + 1, tl.where((tl.load(state + 1) != 0) | (live & bad), 1.0, 0.0))
+    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
+    tl.store(state + 3, tl.where(live, res, tl.load(state + 3)))
+    return live
+
 
 @triton.jit(do_not_specialize=["k"])
 def _fixed_point_update_kernel(sums, state, history, k):
@@ -616,19 +628,12 @@ def _fixed_point_update_kernel(sums, state, history, k):
     res = tl.sqrt(tl.load(sums))
     size = tl.sqrt(tl.load(sums + 1))
     weighted = tl.load(sums + 2)
-    was_done = tl.load(state) != 0
-    live = tl.load(state) == 0
     # res * 0 is 0 for a finite res, NaN for inf and NaN (no float literal: they are float32)
     bad = (res * 0.0 != 0.0) | (weighted > tl.load(state + 6))
     tiny = tl.load(state + 7)
     rel = res / tl.where(size < tiny, tiny, size)  # a NaN size stays NaN, as torch.maximum
     tl.store(history + k - 1, rel)
-    done = was_done | bad | (res <= tl.load(state + 5) * size)
-    diverged = (tl.load(state + 1) != 0) | (live & bad)
-    tl.store(state, tl.where(done, 1.0, 0.0))
-    tl.store(state + 1, tl.where(diverged, 1.0, 0.0))
-    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
-    tl.store(state + 3, tl.where(live, res, tl.load(state + 3)))
+    live = record_iteration(state, res, bad, res <= tl.load(state + 5) * size)
     tl.store(state + 4, tl.where(live, rel, tl.load(state + 4)))
 
 

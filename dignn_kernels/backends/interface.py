@@ -61,19 +61,19 @@ from torch import Tensor
 
 __all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "GradientPass",
            "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE", "FP_DIVERGED",
-           "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND", "FP_TINY",
-           "FP_UPDATED"]
+           "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND", "FP_TINY"]
 
 # The dtypes a solve may store its iterates and projections in (``storage_dtype``).
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 # The sums a row step takes of its output: ||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2.
 ROW_STEP_SUMS = 3
 # A fixed-point solve's state on the device, one float64 tensor (flags as 0 / 1): its layout,
-# shared by the solvers' loop and the row steps that update it. The first FP_UPDATED fields
-# change every sweep (FP_DONE first: the row kernels read the state's first element as their
-# done flag); the others are the solve's constants.
+# shared by the solvers' loop and the row steps that update it. The first five fields change
+# every sweep (FP_DONE first: the row kernels read the state's first element as their done
+# flag; the first four are cg's too, dignn_kernels.solvers.device_state); the others are the
+# solve's constants.
 FP_DONE, FP_DIVERGED, FP_SWEEPS, FP_RESIDUAL, FP_RELATIVE, FP_TOL, FP_BOUND, FP_TINY = range(8)
-FP_UPDATED, FIXED_POINT_STATE = 5, 8
+FIXED_POINT_STATE = 8
 
 
 class NeuralEdgeWeights(Protocol):

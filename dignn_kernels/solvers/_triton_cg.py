@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..backends._triton_jit import record_iteration
+
 __all__ = ["column_dots", "cg_step", "cg_finish", "ROWS"]
 
 ROWS = 64
@@ -92,16 +94,9 @@ def _cg_finish_kernel(sums, d, flags, history, k, BLOCK: tl.constexpr):
         total += tl.sum(tl.load(sums + d + cols, mask=cols < d, other=0.0).to(tl.float64),
                         axis=0)
     res = tl.sqrt(tl.where(total < 0, 0.0, total))  # a NaN stays NaN, as clamp_min keeps it
-    was_done = tl.load(flags) != 0
-    live = tl.load(flags) == 0
     bad = res * 0.0 != 0.0  # NaN or inf (no float literal: they are float32)
     tl.store(history + k, res / tl.load(flags + 5))
-    done = was_done | bad | (res <= tl.load(flags + 4))
-    diverged = (tl.load(flags + 1) != 0) | (live & bad)
-    tl.store(flags, tl.where(done, 1.0, 0.0))
-    tl.store(flags + 1, tl.where(diverged, 1.0, 0.0))
-    tl.store(flags + 2, tl.load(flags + 2) + tl.where(live, 1.0, 0.0))
-    tl.store(flags + 3, tl.where(live, res, tl.load(flags + 3)))
+    record_iteration(flags, res, bad, res <= tl.load(flags + 4))
 
 
 def cg_finish(sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:

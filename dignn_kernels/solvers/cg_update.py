@@ -28,6 +28,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..backends.interface import FP_DIVERGED, FP_DONE, FP_RESIDUAL, FP_SWEEPS
+from .device_state import record_iteration
+
 __all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS",
            "CG_DONE", "CG_DIVERGED", "CG_SWEEPS", "CG_RESIDUAL", "CG_TARGET", "CG_REF_SAFE",
            "CG_FLAGS", "cg_flags"]
@@ -35,10 +38,10 @@ __all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTO
 VECTOR_KERNELS = ("torch", "triton")
 
 # The solve's flags and counters on the device, one float64 tensor (flags as 0 / 1): the first
-# CG_UPDATED fields change every iteration, the others are the solve's constants (the stopping
-# target tol * ||rhs|| and the safe reference norm for the history).
-CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL, CG_TARGET, CG_REF_SAFE = range(6)
-CG_UPDATED, CG_FLAGS = 4, 6
+# four fields are the fixed point's (.device_state), the others the solve's constants (the
+# stopping target tol * ||rhs|| and the safe reference norm for the history).
+CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL = FP_DONE, FP_DIVERGED, FP_SWEEPS, FP_RESIDUAL
+CG_TARGET, CG_REF_SAFE, CG_FLAGS = 4, 5, 6
 
 
 def cg_flags(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor:
@@ -142,15 +145,8 @@ class TorchCGUpdate:
         as divergence; then done once diverged or the residual meets the target."""
         state.take_gamma(sums)
         res = _residual_norm(sums)
-        live = flags[CG_DONE] == 0
-        bad = ~torch.isfinite(res)
         history[k] = res / flags[CG_REF_SAFE]
-        # a live iteration starts from done = diverged = 0; a done one leaves the flags
-        updated = {CG_DONE: (bad | (res <= flags[CG_TARGET])).double(),
-                   CG_DIVERGED: bad.double(), CG_SWEEPS: flags[CG_SWEEPS] + 1,
-                   CG_RESIDUAL: res}
-        flags[:CG_UPDATED] = torch.where(
-            live, torch.stack([updated[i] for i in range(CG_UPDATED)]), flags[:CG_UPDATED])
+        record_iteration(flags, res, ~torch.isfinite(res), res <= flags[CG_TARGET])
 
     @staticmethod
     def dot(state: CGState, w: Tensor) -> Tensor:

@@ -62,9 +62,9 @@ import torch
 from torch import Tensor
 
 from ..backends.interface import (FIXED_POINT_STATE, FP_BOUND, FP_DIVERGED, FP_DONE,
-                                  FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL,
-                                  FP_UPDATED)
+                                  FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL)
 from ..laplacian import node_mass
+from .device_state import record_iteration
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
 from .system import EquilibriumSystem
@@ -199,16 +199,10 @@ def fixed_point_update(state: Tensor, history: Tensor, k: int, res: Tensor, size
     diverged or res <= tol * size. Returns whether the sweep's iterate is accepted (live and
     not bad). The Triton backend's row step runs the same update in a kernel
     (:func:`dignn_kernels.backends._triton_jit.fixed_point_update`)."""
-    live = state[FP_DONE] == 0
     bad = ~torch.isfinite(res) | (weighted > state[FP_BOUND])
     rel = res / torch.maximum(size, state[FP_TINY])
     history[k - 1] = rel
-    # a live sweep starts from done = diverged = 0; a done one leaves the state as it is
-    updated = {FP_DONE: (bad | (res <= state[FP_TOL] * size)).double(),
-               FP_DIVERGED: bad.double(), FP_SWEEPS: state[FP_SWEEPS] + 1,
-               FP_RESIDUAL: res, FP_RELATIVE: rel}
-    state[:FP_UPDATED] = torch.where(live, torch.stack([updated[i] for i in range(FP_UPDATED)]),
-                                     state[:FP_UPDATED])
+    live = record_iteration(state, res, bad, res <= state[FP_TOL] * size, rel)  # FP_RELATIVE
     return live & ~bad
 
 
@@ -253,7 +247,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     if row_step is not None:
         # sweep k reads buffers[k % 2] and writes buffers[(k - 1) % 2]; y_1 is buffers[1]
         buffers = (torch.empty_like(rhs, memory_format=torch.contiguous_format),
-                   rhs.contiguous().clone())
+                   rhs.clone(memory_format=torch.contiguous_format))
         y = buffers[1]
     if not (check_every == 1 and bool(state[FP_DONE])):  # (a host read: the CPU default only)
         for k in range(1, max_iter):
