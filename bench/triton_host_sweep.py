@@ -19,7 +19,9 @@ every 16 sweeps (the GPU default) and every sweep (the CPU default).
 
 The same for an iteration of cg with the Triton vector update (its dot, step and bookkeeping
 launches stubbed, the sweep an identity): the bookkeeping (residual, history, flags, stopping
-test) in the update's one kernel against the same in PyTorch ops.
+test) in the update's one kernel against the same in PyTorch ops; and for an iteration of
+cg on the Triton backend's system (every launch stubbed): its sweep as the backend's row
+product (the dots w.u from the sweep) against the row pass op and a separate dot kernel.
 
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
@@ -49,7 +51,10 @@ def main(out_path):
     jit = tb._jit()
     parts = torch.tensor([1.0, 1.0, 0.0] * 4, dtype=torch.float64)
 
-    def launch_stub(sched, col, w, y, b, cy, rs, out, done, c=None):
+    def launch_stub(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
+        if b is None:  # cg's product: A y ~ y, its dots y.y from 4 programs
+            out.copy_(y)
+            return (y * y).view(4, -1, y.shape[1]).sum(dim=1) if dots else parts.clone()
         torch.add(y.mul(0.5), b, alpha=-0.3, out=out)  # contracts; 20 sweeps do not converge
         return parts.clone()
 
@@ -93,6 +98,7 @@ def main(out_path):
         print(f"check_every={check_every}: " +
               ", ".join(f"{name} {us:.0f} us/sweep" for name, us in medians.items()))
     result["cg_us_per_iteration"] = cg_host_times(gen)
+    result["cg_sweep_us_per_iteration"] = cg_sweep_host_times(graph, w, chi, kappa, x)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
@@ -142,6 +148,49 @@ def cg_host_times(gen):
             times[name].append(iteration_us(name))
     medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
     print("cg, flag read every 16 iterations: " +
+          ", ".join(f"{name} {us:.0f} us/iteration" for name, us in medians.items()))
+    return medians
+
+
+def cg_sweep_host_times(graph, w, chi, kappa, x):
+    """Host time per iteration of cg on the Triton backend's system, its launches stubbed
+    (the sweep an identity, the vector update, dots and bookkeeping kernels no-ops): the
+    sweep as the backend's row product (its dots w.u from the sweep's own partial sums)
+    against the row pass (a dispatcher op and its checks, a zero right-hand side) and the
+    dot kernel."""
+    from dignn_kernels.solvers import _triton_cg, cg_update
+    sums = torch.ones(2, CHANNELS)
+    _triton_cg.column_dots = lambda a, b: a.new_ones(a.shape[1])
+    _triton_cg.cg_step = lambda state, w, delta, done: (state.alpha_prev, sums.clone())
+    _triton_cg.cg_finish = lambda sums, flags, history, k: None
+    loops_module = sys.modules["dignn_kernels.solvers.loops"]
+    original = loops_module.cg_update_for
+    variants = {"row_product": tb.TRITON,
+                "row_pass": dataclasses.replace(tb.TRITON, row_product=None)}
+    systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
+                                                  kappa, 2.2)
+               for name, backend in variants.items()}
+
+    def iteration_us(name):
+        loops_module.cg_update_for = lambda rhs, kernels: cg_update.TritonCGUpdate
+        try:
+            start = time.perf_counter()
+            out = dk.solvers.solve_forward(systems[name], x, "cg", max_iter=SWEEPS, tol=0.0,
+                                           check_every=16)
+            elapsed = time.perf_counter() - start
+        finally:
+            loops_module.cg_update_for = original
+        assert int(out.sweeps) == 0  # (the bookkeeping is stubbed: no iteration counted)
+        return elapsed / SWEEPS * 1e6
+
+    times = {name: [] for name in variants}
+    for name in variants:
+        iteration_us(name)
+    for _ in range(ROUNDS):
+        for name in variants:
+            times[name].append(iteration_us(name))
+    medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
+    print("cg on the system, flag read every 16 iterations: " +
           ", ".join(f"{name} {us:.0f} us/iteration" for name, us in medians.items()))
     return medians
 

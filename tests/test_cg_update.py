@@ -42,7 +42,7 @@ def _clone(st):
 def test_triton_update_equals_torch(n, d, dtype, live):
     st = _state(n, d, dtype, seed=n + d)
     w = torch.randn(n, d, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    flag = torch.tensor(live, device=DEVICE)
+    flag = torch.tensor([0.0 if live else 1.0], dtype=torch.float64, device=DEVICE)  # done
     a, b = _clone(st), _clone(st)
     delta_t = TorchCGUpdate.dot(a, w)
     delta_k = TritonCGUpdate.dot(b, w)
@@ -110,7 +110,8 @@ def test_empty_and_zero_width():
         st = _state(n, d, torch.float32)
         w = torch.zeros(n, d, device=DEVICE)
         assert TritonCGUpdate.dot(st, w).shape == (d,)
-        TritonCGUpdate.step(st, w, torch.zeros(d, device=DEVICE), torch.tensor(True, device=DEVICE))
+        TritonCGUpdate.step(st, w, torch.zeros(d, device=DEVICE),
+                              torch.zeros(1, dtype=torch.float64, device=DEVICE))
         assert st.reduction().shape == (2, d)
 
 

@@ -398,19 +398,71 @@ def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
     assert any(diverged) == (mu < 1.0)  # mu = 0.5 breaks the certificate at sweep 1 already
 
 
+def composed_row_product(row_pass):
+    """The pass interface's row product (interface.RowProduct) composed from a row pass and
+    the dot product of the PyTorch cg update: the contract the Triton kernels implement."""
+    def row_product(rowptr, col, w, cy, rs):
+        def product(y, out, done):
+            new = row_pass(rowptr, col, w, y, torch.zeros_like(y), cy, rs)
+            out.copy_(torch.where(done[0] != 0, out, new))
+            return torch.where(done[0] != 0, 0.0, (out * y).sum(dim=0))
+        return product
+    return row_product
+
+
+CG_PRODUCT_CASES = [("weighted", "rw", 2.2, 200, 1e-7), ("zero_rows", "neural", 1.0, 200, 1e-9),
+                    ("isolated", "sym", 0.3, 25, 0.0), ("symmetric", "rw", 2.2, 1, 1e-7),
+                    ("empty", "rw", 2.2, 10, 1e-7)]
+
+
+@pytest.mark.parametrize("case", CG_PRODUCT_CASES)
+def test_cg_on_a_row_product_equals_cg_on_the_row_pass(case):
+    """cg on a backend's row product (the sweep into one reused buffer, its dots w.u from
+    the product, nothing once done) gives what cg on the row pass and its own dot product
+    gives: the same solution bit for bit, sweeps, flags and history, reading the flag every
+    sweep, every 3 sweeps or never, forward and adjoint, from X = 0 too."""
+    kind, laplacian, mu, max_iter, tol = case
+    x, ei, w = make_graph(kind, n=40, d=5, dtype=torch.float64)
+    g = dk.build_graph(ei, x.size(0), w)
+    if laplacian == "neural":
+        layer = make_layer(5, "neural", dtype=torch.float64)
+        a, degree = g.values(x.dtype)
+        chi, p, q = (t.detach() for t in layer._projections(x, degree))
+        wf, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)
+    else:
+        wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
+    with_product = dataclasses.replace(CPU, fused_solve=None,
+                                       row_product=composed_row_product(CPU.row_pass))
+    systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu)
+               for backend in (CPU, with_product)]
+    assert systems[0].spd_product() is None and systems[1].spd_product() is not None
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        for rhs in (x, torch.zeros_like(x)):
+            for check_every in (1, 3, 0):
+                plain, on_product = (solve(system, rhs, "cg", max_iter=max_iter, tol=tol,
+                                           check_every=check_every) for system in systems)
+                assert torch.equal(on_product.solution, plain.solution)
+                assert int(on_product.sweeps) == int(plain.sweeps)
+                assert bool(on_product.diverged) == bool(plain.diverged)
+                assert torch.equal(on_product.stats(), plain.stats())
+                assert torch.equal(on_product.history.nan_to_num(-1.0),
+                                   plain.history.nan_to_num(-1.0))
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_solves_read_nothing_on_the_host_between_checks(solver):
     """The GPU default (the flag read every 16 fixed-point sweeps, every 4 of cg and
     anderson): a solve of fewer sweeps, converged from the start (X = 0) or not, forward and
-    adjoint, on the row pass and on a row step, reads no value back to the host (on a GPU
-    each read is a device sync); reading the flag every 4 sweeps reads it 2 times in 8 or
-    9 sweeps."""
+    adjoint, on the row pass and on a row step (or cg's row product), reads no value back to
+    the host (on a GPU each read is a device sync); reading the flag every 4 sweeps reads it
+    2 times in 8 or 9 sweeps."""
     x, ei, w = make_graph("weighted", n=30, d=4)
     g = dk.build_graph(ei, x.size(0), w)
     wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
     stepped = dataclasses.replace(CPU, fused_solve=None,
-                                  row_step=composed_row_step(CPU.row_pass))
-    backends = [CPU] + ([stepped] if solver == "fixed_point" else [])
+                                  row_step=composed_row_step(CPU.row_pass),
+                                  row_product=composed_row_product(CPU.row_pass))
+    backends = [CPU] + ([stepped] if solver != "anderson" else [])
     quiet = 16 if solver == "fixed_point" else 4
     for backend in backends:
         system = solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, 2.2)

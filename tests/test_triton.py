@@ -379,6 +379,71 @@ def test_row_step_is_the_row_pass_with_its_bookkeeping(device, kind, n, d, dtype
     assert float(history[3]) == 0.0  # the norms of a done sweep are 0
 
 
+ROW_PRODUCT_CASES = [("hub", 80, 5, torch.float32, 3), ("directed", 12, 131, torch.float64, 64),
+                     ("isolated", 20, 7, torch.float32, 2)]
+
+
+@pytest.mark.parametrize("kind,n,d,dtype,chunk", ROW_PRODUCT_CASES, indirect=["chunk"])
+def test_row_product_is_the_row_pass_with_its_dots(device, kind, n, d, dtype, chunk):
+    """cg's row product writes what csr_fma returns with b = 0, bit for bit (heavy rows,
+    two channel tiles, isolated rows), and returns the per-channel dots out.y of what it
+    wrote; once done it writes nothing and its dots are 0."""
+    g, x, p, q, a, chi = graph_inputs(kind, n=n, d=d, dtype=dtype)
+    gen = torch.Generator().manual_seed(4)
+    y = torch.randn(x.shape, generator=gen, dtype=dtype)
+    w, cy, rs = (torch.randn(m, generator=gen, dtype=dtype) for m in (g.num_edges,) + 2 * (n,))
+    rp, cl, wd, yd, cyd, rsd = to(device, g.rowptr, g.col, w, y, cy, rs)
+    want = tk.csr_fma(rp, cl, wd, yd, torch.zeros_like(yd), cyd, rsd)
+    product = tb.TRITON.row_product(rp, cl, wd, cyd, rsd)
+    flags = torch.zeros(3, dtype=torch.float64, device=device)
+    out = torch.full_like(yd, 7.0)
+    dots = product(yd, out, flags)
+    assert torch.equal(out, want) and dots.dtype == dtype and dots.shape == (d,)
+    exact = (want.double() * yd.double()).sum(dim=0).cpu()
+    scale = (want.double() * yd.double()).abs().sum(dim=0).cpu()
+    assert bool(((dots.double().cpu() - exact).abs() <=
+                 (1e-13 if dtype == torch.float64 else 1e-6) * scale).all())
+    flags[0] = 1.0  # done: cg's flags, CG_DONE first
+    kept = torch.full_like(yd, 7.0)
+    assert not product(yd, kept, flags).any() and bool((kept == 7.0).all())
+
+
+@pytest.mark.parametrize("vector_kernels", ["torch", "triton"])
+@pytest.mark.parametrize("kind,laplacian,mu,max_iter,tol",
+                         [("symmetric", "rw", 2.2, 80, 1e-6), ("zero_rows", "sym", 0.4, 12, 0.0),
+                          ("isolated", "rw", 1.0, 80, 1e-6)])
+def test_cg_on_the_row_product_equals_cg_on_the_row_pass(device, vector_kernels, kind,
+                                                         laplacian, mu, max_iter, tol):
+    """cg with the Triton row product (the sweep and its dots w.u in one kernel) against cg on
+    the Triton row pass and a separate dot product, with either vector update: the same
+    sweeps and flags, the solutions and residuals to rounding (the dots are summed in
+    another order), forward and adjoint, the flag read every sweep, every 4 or never."""
+    x, ei, w = make_graph(kind, n=30, d=6, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
+    args = to(device, g.rowptr, g.col, wf, chi, kappa)
+    systems = [dk.solvers.EquilibriumSystem(backend, *args[:3], *args[3:], mu)
+               for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_product=None))]
+    assert systems[1].spd_product() is None
+    xd = x.to(device)
+    for adjoint in (False, True):
+        rhs = xd if adjoint else systems[0].mass.unsqueeze(1) * xd
+        scale = None if adjoint else 1.0 / systems[0].mass
+        for check_every in (1, 4, 0):
+            on_product, plain = (
+                dk.solvers.conjugate_gradient(system.spd_apply, rhs, system.inv_diagonal,
+                                              max_iter=max_iter, tol=tol,
+                                              check_every=check_every, residual_scale=scale,
+                                              decoupled=system.decoupled,
+                                              vector_kernels=vector_kernels,
+                                              product=system.spd_product())
+                for system in systems)
+            assert int(on_product.sweeps) == int(plain.sweeps) > 3
+            assert bool(on_product.diverged) == bool(plain.diverged) is False
+            assert rel_err(on_product.solution.cpu(), plain.solution.cpu()) < 1e-5
+            assert torch.allclose(on_product.stats(), plain.stats(), rtol=1e-3)
+
+
 STEP_SOLVES = [("symmetric", "rw", 2.2, 60, 1e-6, None), ("directed", "neural", 2.2, 8, 0.0,
                                                           None),
                ("symmetric", "rw", 0.5, 200, 0.0, None),
@@ -581,6 +646,17 @@ def test_bad_input_is_named(device):
     with pytest.raises(RuntimeError, match="history must be a contiguous 1-D float64 tensor "
                                            "of at least 9 entries"):
         step(x, torch.empty_like(x), state, history, 9)
+    with pytest.raises(RuntimeError, match=r"rs must have shape \[20\]"):
+        tb.TRITON.row_product(rp, cl, a, chi, chi[:4])
+    product = tb.TRITON.row_product(rp, cl, a, chi, chi)
+    with pytest.raises(RuntimeError, match=r"y must be a \[20, d\] tensor of w's dtype"):
+        product(x.float(), torch.empty_like(x.float()), state)
+    with pytest.raises(RuntimeError, match="out must not be y"):
+        product(x, x, state)
+    with pytest.raises(RuntimeError, match="out must be a contiguous buffer like y"):
+        product(x, x.new_empty(5, 20).t(), state)
+    with pytest.raises(RuntimeError, match="done must be a flag tensor"):
+        product(x, torch.empty_like(x), state[:0])
 
 
 def test_availability_is_reported(monkeypatch):
@@ -735,6 +811,9 @@ for d, h in ((64, 64), (131, 67)):  # one tile; several channel tiles and metric
         w, kappa, _ = g.fixed_laplacian("rw", torch.float32)
         z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, None, None, None, **solver)
         z.sum().backward()
+        if kind == "symmetric":  # cg's sweep: the row product (no b, the dots w.u)
+            dk.implicit_diffusion(g.rowptr, g.col, w, x.detach(), chi.detach(), None, None,
+                                  None, **dict(solver, solver="cg"))
         dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q, **dict(solver, max_iter=1))
         for storage in (torch.bfloat16, torch.float16):  # 16-bit iterates
             z, _ = dk.implicit_diffusion(g.rowptr, g.col, a, x, chi, p, q,
@@ -748,7 +827,7 @@ for dtype in (torch.float32, torch.float64):
     st = cg_update.CGState.start(rhs, torch.rand(300, dtype=dtype) + 0.5, None, None)
     delta = cg_jit.column_dots(rhs, st.u)
     flags = cg_update.cg_flags(*torch.ones(3, dtype=torch.float64))
-    cg_jit.cg_step(st, rhs, delta, flags[0] == 0)
+    cg_jit.cg_step(st, rhs, delta, flags)
     cg_jit.cg_finish(torch.rand(2, 64, dtype=dtype), flags, torch.zeros(9).double(), 3)
 
 target = GPUTarget("cuda", 90, 32)

@@ -214,27 +214,46 @@ def _store_step(o, y_i, out, off, m2, done, c_i):
 
 
 @triton.jit
+def _store_product(o, y_i, out, off, m2, done):
+    """Stores the product's tile o in out's dtype, unless the solve is done (then nothing),
+    and returns the tile's per-channel sums of o_i * y_i, the stored output against the
+    iterate (cg's delta = w.u for w = A u; 0 once done)."""
+    m2 = m2 & (done == 0)
+    stored = _storage_value(o, out)
+    tl.store(out + off, stored, mask=m2)
+    return tl.sum(tl.where(m2, stored.to(y_i.dtype) * y_i, 0.0), axis=0)
+
+
+@triton.jit
 def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, c, out, done, D,
-                   HAS_RS: tl.constexpr, HAS_C: tl.constexpr):
+                   HAS_RS: tl.constexpr, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
+                   DOTS: tl.constexpr):
     """out_i = b_i + cy_i y_i + rs_i (W y)_i for whole rows (eq. iter, row form
-    z_i <- x_i + cy_i z_i + ca_i (W Z)_i), nothing once done; returns the tile's partial sums
-    (:func:`_store_step`, c: the per-row weights, 0 without HAS_C)."""
+    z_i <- x_i + cy_i z_i + ca_i (W Z)_i; b = 0 without HAS_B), nothing once done; returns
+    the tile's partial sums: with DOTS its per-channel sums of out_i * y_i
+    (:func:`_store_product`), else those of :func:`_store_step` (c: the per-row weights, 0
+    without HAS_C)."""
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]
     live = rmask & (done == 0)
     m2 = live[:, None] & cmask[None, :]
     y_i = tl.load(y + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
-    b_i = tl.load(b + off, mask=m2, other=0.0).to(cy.dtype.element_ty)
     cy_i = tl.load(cy + r64, mask=live, other=0.0)
+    o = cy_i[:, None] * y_i
+    if HAS_B:
+        o = tl.load(b + off, mask=m2, other=0.0).to(cy.dtype.element_ty) + o
     if HAS_RS:
-        o = b_i + cy_i[:, None] * y_i + tl.load(rs + r64, mask=live, other=0.0)[:, None] * acc
+        o = o + tl.load(rs + r64, mask=live, other=0.0)[:, None] * acc
     else:
-        o = b_i + cy_i[:, None] * y_i + acc
-    if HAS_C:
-        c_i = tl.load(c + r64, mask=live, other=0.0)
+        o = o + acc
+    if DOTS:
+        return _store_product(o, y_i, out, off, m2, done)
     else:
-        c_i = tl.zeros_like(cy_i)
-    return _store_step(o, y_i, out, off, m2, done, c_i)
+        if HAS_C:
+            c_i = tl.load(c + r64, mask=live, other=0.0)
+        else:
+            c_i = tl.zeros_like(cy_i)
+        return _store_step(o, y_i, out, off, m2, done, c_i)
 
 
 @triton.jit
@@ -264,12 +283,24 @@ def _store_norms(part, index, diff_sq, out_sq, weighted_sq):
     tl.store(part + 3 * index + 2, weighted_sq.to(tl.float64))
 
 
+@triton.jit
+def _store_sums(part, pid, pid_d, cols, cmask, D, sums, DOTS: tl.constexpr):
+    """The row program `pid`'s partial sums (of channel tile pid_d): with DOTS its
+    per-channel sums out.y, row `pid` of a [programs, D] table in the compute dtype;
+    else its ROW_STEP_SUMS norms (:func:`_store_norms`) at index pid * tiles + pid_d."""
+    if DOTS:
+        tl.store(part + pid.to(tl.int64) * D + cols, sums, mask=cmask)
+    else:
+        diff_sq, out_sq, weighted_sq = sums
+        _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
+
+
 # ------------------------------------------------------------------ the row step --
 
 @triton.jit
 def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, b, cy,
                     rs, c, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
-                    HAS_C: tl.constexpr,
+                    HAS_C: tl.constexpr, HAS_B: tl.constexpr, DOTS: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """The generic row pass out = b + cy.y + rs.(W y) (laplacian_math.h, forward step with
     b = x, cy = -kappa ca, rs = ca, W; adjoint step u <- g + cy.u + W^T (ca.u) with the
@@ -300,9 +331,9 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
         acc += w0[:, None] * y0
         acc += w1[:, None] * y1
     whole = valid & (slot < 0)
-    diff_sq, out_sq, weighted_sq = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, c,
-                                                  out, done, D, HAS_RS, HAS_C)
-    _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
+    sums = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_RS,
+                          HAS_C, HAS_B, DOTS)
+    _store_sums(part, pid, pid_d, cols, cmask, D, sums, DOTS)
     partial = valid & (slot >= 0) & (done == 0)
     tl.store(scratch + slot.to(tl.int64)[:, None] * D + cols[None, :], acc,
              mask=partial[:, None] & cmask[None, :])
@@ -311,8 +342,8 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
 @triton.jit
 def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b, cy, rs, c,
                             out, scratch, part, part_offset, done_ptr, D,
-                            HAS_RS: tl.constexpr, HAS_C: tl.constexpr,
-                            ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                            HAS_RS: tl.constexpr, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
+                            DOTS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows longer than one segment: (W y)_i = sum of the row's scratch slots in slot order,
     then the same epilogue as :func:`_csr_fma_kernel`."""
     pid = tl.program_id(0)
@@ -328,10 +359,9 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
         smask = s < count
         acc += tl.load(scratch + (first + s).to(tl.int64)[:, None] * D + cols[None, :],
                        mask=smask[:, None] & cmask[None, :], other=0.0)
-    diff_sq, out_sq, weighted_sq = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, c,
-                                                  out, done, D, HAS_RS, HAS_C)
-    _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq,
-                 weighted_sq)
+    sums = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_RS,
+                          HAS_C, HAS_B, DOTS)
+    _store_sums(part, part_offset + pid, pid_d, cols, cmask, D, sums, DOTS)
 
 
 # ------------------------------------------------------------ the fused neural pass --
@@ -640,10 +670,11 @@ def _fixed_point_update_kernel(sums, state, history, k):
 # ---------------------------------------------------------------------- launchers --
 # All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
 
-def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None):
-    """out = b + cy.y + rs.(W y) (rs None: 1) unless `done` is set; returns the per-program
-    partial sums of the step as stored (ROW_STEP_SUMS each; the weighted one with per-row
-    weights c, 0 for c None)."""
+def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
+    """out = b + cy.y + rs.(W y) (b None: 0; rs None: 1) unless `done` is set; returns the
+    per-program partial sums of the step as stored: ROW_STEP_SUMS each (the weighted one with
+    per-row weights c, 0 for c None), or with `dots` a [programs, d] table of the per-channel
+    sums out.y (in cy's dtype; its column sums are cg's delta = w.u for w = A u)."""
     n, d = y.shape
     block_d = _pow2(d, MAX_BLOCK_D)
     rows = max(4, min(64, 2048 // block_d))
@@ -651,21 +682,24 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None):
     tiles_d = triton.cdiv(d, block_d)
     grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
-    num_parts = (grid[0] + (grid_c[0] if sched.num_heavy else 0)) * tiles_d
-    part = y.new_empty(ROW_STEP_SUMS * num_parts, dtype=torch.float64)
+    programs = grid[0] + (grid_c[0] if sched.num_heavy else 0)
+    if dots:
+        part = cy.new_empty(programs, d)
+    else:
+        part = y.new_empty(ROW_STEP_SUMS * programs * tiles_d, dtype=torch.float64)
     scratch = cy.new_empty(max(sched.num_slots, 1), d)  # partial sums: the compute dtype
-    has_rs, has_c = rs is not None, c is not None
+    has_rs, has_c, has_b = rs is not None, c is not None, b is not None
     rs_arg = rs if has_rs else cy
     c_arg = c if has_c else cy
-    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b, cy, rs_arg, c_arg, out, scratch,
-                          part, done, d, HAS_RS=has_rs, HAS_C=has_c, ROWS=rows,
-                          BLOCK_D=block_d, num_warps=warps)
+    b_arg = b if has_b else y
+    flags = dict(HAS_RS=has_rs, HAS_C=has_c, HAS_B=has_b, DOTS=bool(dots), ROWS=rows,
+                 BLOCK_D=block_d, num_warps=warps)
+    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b_arg, cy, rs_arg, c_arg, out,
+                          scratch, part, done, d, **flags)
     if sched.num_heavy:
         _csr_fma_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
-                                        sched.num_heavy, y, b, cy, rs_arg, c_arg, out, scratch,
-                                        part, grid[0] * tiles_d, done, d, HAS_RS=has_rs,
-                                        HAS_C=has_c, ROWS=rows, BLOCK_D=block_d,
-                                        num_warps=warps)
+                                        sched.num_heavy, y, b_arg, cy, rs_arg, c_arg, out,
+                                        scratch, part, grid[0], done, d, **flags)
     return part
 
 

@@ -1,7 +1,7 @@
 """The pass interface: what a backend provides so that the solvers run on it.
 
 A backend is a :class:`Backend` record of three passes and an availability test, plus an
-optional row step and an optional fused solve:
+optional row step, an optional row product and an optional fused solve:
 
 - ``neural_edge_weights(rowptr, col, a, p, q, eps) -> (w, kappa)``: the neural edge weights
   W_ij = a_ij tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and their row sums
@@ -22,6 +22,15 @@ optional row step and an optional fused solve:
   out as :data:`FIXED_POINT_STATE` says) and ``history``. The loop then keeps two buffers and
   never reads an iterate again for its stopping test and divergence certificate. Without it,
   the loop computes those norms from the row pass's output and updates the state itself;
+- ``row_product`` (optional): ``row_product(rowptr, col, w, cy, rs) -> product``, the row
+  pass with b = 0 (cy.y + rs.(W y)) prepared for a solve, checked once;
+  ``product(y, out, done) -> dots`` writes it into the buffer ``out`` (y's shape and dtype,
+  not y itself) unless the device flag ``done`` (a tensor whose first element is nonzero
+  once the solve is done: cg's flags, :data:`dignn_kernels.solvers.cg_update.CG_FLAGS`) is
+  set, and returns the per-channel sums out.y of its output as stored (a [d] tensor in
+  w's dtype; 0 once done: ``out`` is then left as it was). It is cg's sweep w = A u with
+  delta = w.u in one pass (:func:`dignn_kernels.solvers.conjugate_gradient`); without it,
+  cg calls the row pass and takes the dot product in a second pass over w and u;
 - ``fused_solve`` (optional): a whole fixed-point solve in the backend's own loop, forward
   (``forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr,
   t_col, t_perm, storage_dtype) -> (z, w, kappa, stats)``) and adjoint
@@ -59,7 +68,8 @@ from typing import Callable, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "GradientPass",
+__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "RowProduct",
+           "GradientPass",
            "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE", "FP_DIVERGED",
            "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND", "FP_TINY"]
 
@@ -92,6 +102,11 @@ class RowStep(Protocol):
                  ) -> Callable[[Tensor, Tensor, Tensor, Tensor, int], None]: ...
 
 
+class RowProduct(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
+                 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]: ...
+
+
 class GradientPass(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                  z: Tensor, v: Tensor, eps: float, t_rowptr: Optional[Tensor],
@@ -112,7 +127,7 @@ class FusedSolve:
 @dataclass(frozen=True)
 class Backend:
     """One backend: its name, where it runs, its passes, its optional fused solve, the
-    16-bit storage dtypes its passes take and its optional row step."""
+    16-bit storage dtypes its passes take and its optional row step and row product."""
     name: str
     available: Callable[[torch.device], bool]
     neural_edge_weights: NeuralEdgeWeights
@@ -121,3 +136,4 @@ class Backend:
     fused_solve: Optional[FusedSolve] = None
     storage_dtypes: Tuple[torch.dtype, ...] = ()
     row_step: Optional[RowStep] = None
+    row_product: Optional[RowProduct] = None

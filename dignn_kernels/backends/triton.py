@@ -9,7 +9,9 @@
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
 loop of its own, but gives the solvers' fixed point a row step (:func:`_row_step`: the row
 pass into a given buffer, nothing once the solve is done, then the sweep's bookkeeping from
-the sums of its output in one small kernel), a plain function that only the solve calls.
+the sums of its output in one small kernel) and cg a row product (:func:`_row_product`: the
+sweep w = A u with its dot products w.u in the same kernel), plain functions that only the
+solves call.
 Each op checks shapes, dtypes and devices with the shared checks of :mod:`dignn_kernels.checks`
 (for direct callers of ``torch.ops.dignn_triton``); the graph's data are checked once at the
 op boundary (:mod:`dignn_kernels.ops`, the solve entry).
@@ -368,15 +370,7 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
             raise RuntimeError(f"y must have b's shape {list(b.shape)} and device {b.device} "
                                f"and dtype {b.dtype} or a 16-bit storage dtype, got "
                                f"{list(y.shape)}, {y.device}, {y.dtype}")
-        if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or \
-                not (out.is_contiguous() and y.is_contiguous()):
-            raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
-                               f"{y.dtype}, {y.device}; y contiguous too), got "
-                               f"{list(out.shape)}, {out.dtype}, {out.device}: pass "
-                               f"torch.empty_like(y)")
-        if n and out.data_ptr() == y.data_ptr():
-            raise RuntimeError("out must not be y: the step reads y's neighbour rows while it "
-                               "writes out; pass a second buffer")
+        _check_out(y, out, n)
         for t, name, size in ((state, "state", FIXED_POINT_STATE), (history, "history", k)):
             if t.dtype != torch.float64 or t.dim() != 1 or t.numel() < size or \
                     t.device != y.device or not t.is_contiguous():
@@ -392,6 +386,49 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
         jit.fixed_point_update(sums, state, history, k)
 
     return step
+
+
+def _check_out(y: Tensor, out: Tensor, n: int) -> None:
+    """The output buffer of a prepared sweep: like y, contiguous, and not y itself."""
+    if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or \
+            not (out.is_contiguous() and y.is_contiguous()):
+        raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
+                           f"{y.dtype}, {y.device}; y contiguous too), got "
+                           f"{list(out.shape)}, {out.dtype}, {out.device}: pass "
+                           f"torch.empty_like(y)")
+    if n and out.data_ptr() == y.data_ptr():
+        raise RuntimeError("out must not be y: the sweep reads y's neighbour rows while it "
+                           "writes out; pass a second buffer")
+
+
+def _row_product(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
+                 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """The row product cy.y + rs.(W y) with its per-channel dots out.y (see :class:`~dignn_
+    kernels.backends.interface.RowProduct`), prepared once per solve: a cg sweep costs the
+    row pass's launch (no right-hand side read; the dots in its epilogue instead of a
+    second pass over w and u) and a sum of its partial dots."""
+    n = _checked_graph(rowptr, col, w, "w")
+    check_compute_dtype(w, "w")
+    check_values(cy, "cy", [n], w, rowptr)
+    check_values(rs, "rs", [n], w, rowptr)
+    sched = schedule_for(rowptr, col.numel()) if n else None
+    jit = _jit()
+    col, w, cy, rs = (t.contiguous() for t in (col, w, cy, rs))
+
+    def product(y: Tensor, out: Tensor, done: Tensor) -> Tensor:
+        if y.dim() != 2 or y.shape[0] != n or y.dtype != w.dtype or y.device != w.device:
+            raise RuntimeError(f"y must be a [{n}, d] tensor of w's dtype {w.dtype} on "
+                               f"{w.device}, got {list(y.shape)}, {y.dtype}, {y.device}")
+        _check_out(y, out, n)
+        if done.numel() < 1 or done.device != y.device:
+            raise RuntimeError(f"done must be a flag tensor on {y.device} (its first element "
+                               f"nonzero once the solve is done), got {list(done.shape)} on "
+                               f"{done.device}")
+        if not (n and y.shape[1]):
+            return y.new_zeros(y.shape[1])
+        return jit.csr_fma(sched, col, w, y, None, cy, rs, out, done, dots=True).sum(dim=0)
+
+    return product
 
 
 def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
@@ -451,4 +488,4 @@ _ops = torch.ops.dignn_triton
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
                  gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES,
-                 row_step=_row_step)
+                 row_step=_row_step, row_product=_row_product)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..backends._triton_jit import record_iteration
+from ..backends._triton_jit import _load_done, record_iteration
 
 __all__ = ["column_dots", "cg_step", "cg_finish", "ROWS"]
 
@@ -37,7 +37,7 @@ def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.co
 
 @triton.jit
 def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, alpha_prev,
-                    delta, live, alpha_out, partials, n, D, ROWS: tl.constexpr,
+                    delta, done, alpha_out, partials, n, D, ROWS: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -48,7 +48,7 @@ def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, 
     g_prev = tl.load(gamma_prev + cols, mask=cmask, other=0.0)
     a_prev = tl.load(alpha_prev + cols, mask=cmask, other=0.0)
     dl = tl.load(delta + cols, mask=cmask, other=0.0)
-    running = tl.load(live) != 0
+    running = _load_done(done) == 0
     keep = (g_prev > 0) & (a_prev > 0)
     beta = tl.where(running & keep, g / tl.where(keep, g_prev, 1.0), 0.0)
     denominator = dl - tl.where(keep, beta * g / tl.where(keep, a_prev, 1.0), 0.0)
@@ -121,9 +121,10 @@ def column_dots(a: Tensor, b: Tensor) -> Tensor:
     return partials.sum(dim=0)
 
 
-def cg_step(state, w: Tensor, delta: Tensor, live: Tensor):
+def cg_step(state, w: Tensor, delta: Tensor, done: Tensor):
     """One update of ``state`` (:class:`~.cg_update.CGState`) in place, after the sweep
-    w = A u with delta = w.u (global); returns (alpha [d], the local sums [2, d] of the new
+    w = A u with delta = w.u (global), unless ``done`` (its first element nonzero: the
+    solve's flags) says the solve is done (then alpha = beta = 0); returns (alpha [d], the local sums [2, d] of the new
     r.u and ||scale r||^2)."""
     n, d = state.r.shape
     alpha = delta.new_empty(d)
@@ -134,6 +135,6 @@ def cg_step(state, w: Tensor, delta: Tensor, live: Tensor):
     partials = state.r.new_empty(grid[0], 2, d)
     _cg_step_kernel[grid](state.z, state.r, state.u, state.p, state.s, w.contiguous(),
                           state.inv_diagonal, state.weights, state.gamma, state.gamma_prev,
-                          state.alpha_prev, delta.contiguous(), live.reshape(1), alpha,
+                          state.alpha_prev, delta.contiguous(), done.reshape(-1), alpha,
                           partials, n, d, ROWS=ROWS, BLOCK_D=_block_d(d))
     return alpha, partials.sum(dim=0)

@@ -10,15 +10,15 @@ channel, with gamma = r.u (u = M^-1 r, M the Jacobi preconditioner) and delta = 
     p = u + beta p,  s = w + beta s,  z += alpha p,  r -= alpha s,  u = M^-1 r
 
 (p.A p = delta - beta^2 p_prev.A p_prev and p_prev.A p_prev = gamma_prev / alpha_prev give the
-denominator). A finished solve (``live`` false) takes alpha = beta = 0: z and r stay.
+denominator). A finished solve (its ``done`` flag set) takes alpha = beta = 0: z and r stay.
 
 - :class:`TorchCGUpdate`: PyTorch ops, any device (each op one kernel on a GPU);
 - :class:`TritonCGUpdate`: on a GPU the dot product w.u is one kernel (+ a sum of its block
-  partials), the whole update (coefficients, five vectors, the partial sums of the next
-  r.u and ||scale r||^2) another (+ a sum), and the iteration's bookkeeping (residual,
-  history, flags, stopping test) a third: five launches where the PyTorch ops take about
-  thirty. Its kernels are in :mod:`._triton_cg`; on the CPU they run only in the Triton
-  interpreter (the tests).
+  partials; none where the backend's row product took it in the sweep), the whole update
+  (coefficients, five vectors, the partial sums of the next r.u and ||scale r||^2) another
+  (+ a sum), and the iteration's bookkeeping (residual, history, flags, stopping test) a
+  third: three to five launches where the PyTorch ops take about thirty. Its kernels are in
+  :mod:`._triton_cg`; on the CPU they run only in the Triton interpreter (the tests).
 
 Both leave the same state: :class:`CGState` holds the vectors and the per-channel scalars.
 """
@@ -122,8 +122,10 @@ class CGState:
         self.gamma_prev, self.gamma = self.gamma, sums[0].contiguous()
 
 
-def coefficients(state: CGState, delta: Tensor, live: Tensor):
-    """(alpha, beta) per channel (see the module docstring)."""
+def coefficients(state: CGState, delta: Tensor, done: Tensor):
+    """(alpha, beta) per channel (see the module docstring); ``done``: the solve's done flag
+    (a tensor whose first element is nonzero once done, e.g. the flags of :func:`cg_flags`)."""
+    live = done.reshape(-1)[0] == 0
     gamma = state.gamma
     keep = (state.gamma_prev > 0) & (state.alpha_prev > 0)
     beta = torch.where(live & keep, gamma / state.gamma_prev, 0.0)
@@ -153,8 +155,8 @@ class TorchCGUpdate:
         return state.products(w, state.u).sum(dim=0)
 
     @staticmethod
-    def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
-        alpha, beta = coefficients(state, delta, live)
+    def step(state: CGState, w: Tensor, delta: Tensor, done: Tensor) -> None:
+        alpha, beta = coefficients(state, delta, done)
         state.p.mul_(beta).add_(state.u)
         state.s.mul_(beta).add_(w)
         state.z.addcmul_(state.p, alpha)
@@ -174,9 +176,9 @@ class TritonCGUpdate:
         return column_dots(w, state.u)
 
     @staticmethod
-    def step(state: CGState, w: Tensor, delta: Tensor, live: Tensor) -> None:
+    def step(state: CGState, w: Tensor, delta: Tensor, done: Tensor) -> None:
         from ._triton_cg import cg_step
-        state.alpha_prev, state.pending = cg_step(state, w, delta, live)
+        state.alpha_prev, state.pending = cg_step(state, w, delta, done)
 
     @staticmethod
     def finish(state: CGState, sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:

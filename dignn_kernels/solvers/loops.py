@@ -293,7 +293,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                        residual_scale: Optional[Tensor] = None, ref_norm: Optional[Tensor] = None,
                        decoupled: Optional[Tensor] = None,
                        callback: Optional[Callable[[int], None]] = None,
-                       reduce: Reduce = None, vector_kernels: Optional[str] = None
+                       reduce: Reduce = None, vector_kernels: Optional[str] = None,
+                       product: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
                        ) -> SolveResult:
     """Jacobi-preconditioned conjugate gradient for A V = rhs, A SPD, every column its own
     system (per-column step lengths); one ``apply`` (one CSR sweep) per iteration. Stops once
@@ -313,7 +314,11 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
 
     Rows marked ``decoupled`` (A_ij = A_ji = 0 for j != i) start at their exact value
     rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
-    (guard rows keep z_i = x_i bit for bit); the others start at 0."""
+    (guard rows keep z_i = x_i bit for bit); the others start at 0.
+
+    ``product`` (optional, the backend's row product of A: ``product(u, w, done)`` writes
+    A u into the buffer w and returns the local dots w.u, nothing once the flag ``done`` is
+    set) replaces ``apply`` and the dot product's own pass over w and u."""
     check_every = check_every_arg(check_every)
     ref, ref_safe, history, _, _ = _start(rhs, max_iter, ref_norm, reduce)
     update = cg_update_for(rhs, vector_kernels)
@@ -322,11 +327,18 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     history[0] = residual / ref_safe
     # the flags and counters on the device, updated by the vector update's finish
     flags = cg_flags(residual, tol * ref, ref_safe)
+    done = flags[CG_DONE:CG_DONE + 1]  # a view: the kernels read the flag on the device
+    # the product's buffer, zeros: a solve done from the start never writes it, and the
+    # update still reads it (alpha = 0 times a finite s leaves r as it is)
+    w = torch.zeros_like(rhs) if product is not None else None
     if not (check_every == 1 and bool(flags[CG_DONE])):  # (a host read: the CPU default only)
         for k in range(1, max_iter + 1):
-            w = apply(state.u)
-            delta = _global(update.dot(state, w), reduce)
-            update.step(state, w, delta, flags[CG_DONE] == 0)
+            if product is None:
+                w = apply(state.u)
+                delta = _global(update.dot(state, w), reduce)
+            else:
+                delta = _global(product(state.u, w, done), reduce)
+            update.step(state, w, delta, done)
             update.finish(state, _global(state.reduction(), reduce), flags, history, k)
             if callback is not None:
                 callback(k)
@@ -470,7 +482,8 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     reduce = system.reduce
     if solver == "cg":
         cg = dict(max_iter=max_iter, tol=tol, check_every=check_every,
-                  decoupled=system.decoupled, callback=callback, reduce=reduce)
+                  decoupled=system.decoupled, callback=callback, reduce=reduce,
+                  product=system.spd_product())
         if adjoint:  # (S + L/mu) v = g, then u = S v
             out = conjugate_gradient(system.spd_apply, rhs, system.inv_diagonal, **cg)
             out.solution = system.mass.unsqueeze(1) * out.solution

@@ -25,6 +25,8 @@ class EquilibriumSystem:
     - ``row_step_of``: either map as the backend's row step, if it has one;
     - ``spd_apply(y) = (S + L/mu) y``: the SPD matrix, S = diag(chi) with 1 on guard rows,
       identity rows on guard rows;
+    - ``spd_product``: that product with its dot products as the backend's row product, if
+      it has one (cg's sweep);
     - ``mass`` = diag(S), ``inv_diagonal`` = 1 / diag(S + L/mu) (Jacobi);
     - ``decoupled`` marks rows with no coupling to other nodes (guard rows, rows without
       edges), whose SPD solution is rhs_i / A_ii outright.
@@ -47,6 +49,7 @@ class EquilibriumSystem:
                  diag_index: Optional[Tensor] = None, symmetric: Optional[bool] = None):
         self.row_pass = backend.row_pass
         self.row_step = backend.row_step
+        self.row_product = backend.row_product
         self.rowptr, self.col, self.w = rowptr, col, w
         self.mu = float(mu)
         self.symmetric = t_rowptr is None if symmetric is None else bool(symmetric)
@@ -120,6 +123,15 @@ class EquilibriumSystem:
         if self._zeros is None or self._zeros.shape != y.shape:
             self._zeros = torch.zeros_like(y)
         return self.row_pass(self.rowptr, self.col, self.w, y, self._zeros, spd_cy, spd_rs)
+
+    def spd_product(self) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
+        """The backend's row product of (S + L/mu), prepared for one solve: ``product(y, out,
+        done)`` writes (S + L/mu) y into ``out`` and returns the dots out.y per channel (see
+        the pass interface's ``row_product``); None where the backend has none."""
+        if self.row_product is None:
+            return None
+        spd_cy, spd_rs, _ = self._spd_terms()
+        return self.row_product(self.rowptr, self.col, self.w, spd_cy, spd_rs)
 
     @property
     def inv_diagonal(self) -> Tensor:
