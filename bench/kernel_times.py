@@ -7,7 +7,8 @@ work a kernel does, one of :data:`ROLES`:
 - ``cached row pass``: a fixed-point sweep with cached edge weights (CUDA
   ``row_pass_kernel<T, V, G, false>``, Triton ``_csr_fma_kernel``);
 - ``neural row pass``: the sweep that forms the neural edge weights (paper eq. 13-14) as it
-  goes (``row_pass_kernel<T, V, G, true>``, ``_neural_step_kernel``);
+  goes (``row_pass_kernel<T, V, G, true>``, ``_neural_weights_kernel``; before 2026-11-24
+  ``_neural_step_kernel``);
 - ``gradient pass``: the backward's pass over the edges that forms dl/dW per edge from the
   adjoint and the iterate and sums it into the gradients of the projections p, q
   (``grad_pass_kernel``, ``_weight_grad_kernel``);
@@ -48,18 +49,22 @@ GOAL_ROLES = ("cached row pass", "neural row pass", "gradient pass")
 # dignn_kernels/solvers/_triton_cg.py. row_pass_kernel is told apart by its template argument.
 _PROJECT_KERNELS = {
     "_csr_fma_kernel": "cached row pass",
-    "_neural_step_kernel": "neural row pass",
+    "_neural_weights_kernel": "neural row pass",
+    "_neural_step_kernel": "neural row pass",  # its name until 2026-11-24
     "grad_pass_kernel": "gradient pass",
     "_weight_grad_kernel": "gradient pass",
     "row_combine_kernel": "combine (heavy rows)",
     "grad_combine_kernel": "combine (heavy rows)",
     "_csr_fma_combine_kernel": "combine (heavy rows)",
-    "_neural_combine_kernel": "combine (heavy rows)",
+    "_neural_weights_combine_kernel": "combine (heavy rows)",
+    "_neural_combine_kernel": "combine (heavy rows)",  # its name until 2026-11-24
     "_weight_grad_combine_kernel": "combine (heavy rows)",
     "sum_squares_kernel": "step bookkeeping",
     "finalize_step_kernel": "step bookkeeping",
     "_finish_step_kernel": "step bookkeeping",
+    "_fixed_point_update_kernel": "step bookkeeping",
     "_cg_step_kernel": "step bookkeeping",
+    "_cg_finish_kernel": "step bookkeeping",
     "_column_dots_kernel": "step bookkeeping",
     "schedule_counts_kernel": "other",
     "schedule_fill_kernel": "other",

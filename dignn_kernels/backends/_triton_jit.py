@@ -81,8 +81,9 @@ def _pow2(n: int, cap: int) -> int:
 
 def _warps(rows: int, width: int) -> int:
     """Warps for a rows x width tile: 4 to 8 elements of each tile per thread. At h = d = 64
-    the sm_90 builds take 48 registers (row pass), 64 (fused forward) and 77 (gradient pass)
-    per thread, none spilled: enough resident warps to keep the gathers in flight."""
+    the sm_90 builds took 48 registers (row pass), 64 (the neural pass, when it also made a
+    step) and 77 (gradient pass) per thread, none spilled: enough resident warps to keep the
+    gathers in flight."""
     return max(1, min(8, rows * width // 128))
 
 
@@ -257,16 +258,6 @@ def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, c, out, done, D,
 
 
 @triton.jit
-def _first_tile(pid_d, ROWS: tl.constexpr):
-    """pid_d == 0 as a [ROWS] block of booleans, to be and-ed with a row mask. A scalar
-    comparison and-ed with a block is valid compiled Triton, but Triton's interpreter
-    broadcasts a scalar comparison as int32 (its handle keeps the operands' dtype), and
-    triton >= 3.9's interpreter rejects an int32 store mask ("mask has unsupported dtype");
-    comparing a block gives booleans everywhere."""
-    return (tl.zeros([ROWS], dtype=tl.int32) + pid_d) == 0
-
-
-@triton.jit
 def _load_done(done_ptr):
     """The done flag as an int32 scalar, 0 or 1, whatever the flag's dtype (a solve's float64
     state, a uint8 or an int32 flag): the interpreter keeps a comparison's operand dtype, and
@@ -364,49 +355,22 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
     _store_sums(part, part_offset + pid, pid_d, cols, cmask, D, sums, DOTS)
 
 
-# ------------------------------------------------------------ the fused neural pass --
+# ------------------------------------------------------------ the neural weights --
 
 @triton.jit
-def _neural_epilogue(acc, kappa, row, rmask, cols, cmask, chi, x, z, out, done, inv_mu, D):
-    """Fused step of a whole row: ca = 1/(mu chi), cy = -kappa ca with the chi <= kChiFloor
-    guard (laplacian_math.h row_coefficients), z_next_i = x_i + cy z_i + ca (W Z)_i."""
-    chi_i = tl.load(chi + row.to(tl.int64), mask=rmask, other=0.0)
-    diffuses = chi_i > _CHI_FLOOR
-    ca = tl.where(diffuses, inv_mu / tl.where(diffuses, chi_i, 1.0), 0.0)
-    cy = -kappa * ca
-    r64 = row.to(tl.int64)
-    off = r64[:, None] * D + cols[None, :]
-    m2 = rmask[:, None] & cmask[None, :]
-    z_i = tl.load(z + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
-    x_i = tl.load(x + off, mask=m2, other=0.0).to(chi.dtype.element_ty)
-    o = x_i + cy[:, None] * z_i + ca[:, None] * acc
-    return _store_step(o, z_i, out, off, m2, done, tl.zeros_like(chi_i))
-
-
-@triton.jit
-def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, p, q,
-                        consts, chi, x, z, w_out, kappa_out, out, scratch, scratch_kappa, part,
-                        done_ptr, D, H, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                        NUM_H_BLOCKS: tl.constexpr, TANH_SMALL: tl.constexpr,
-                        F64: tl.constexpr):
-    """The fused forward pass: per edge W_ij = a_ij tanh(1/(rho_ij + eps)) tanh(|pi_ij|)
-    (eq. 13-14, laplacian_math.h neural_edge_weight), written to the weight cache, with
-    kappa_i = sum_j W_ij; with HAS_STEP also the row's step z_next_i = x_i + cy_i z_i +
-    ca_i (W Z)_i in the same sweep. consts = [1/mu, eps] in the data dtype. Programs of the
-    first channel tile write w and kappa; the others recompute the same values."""
+def _neural_weights_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, p, q,
+                           consts, w_out, kappa_out, scratch_kappa, H, ROWS: tl.constexpr,
+                           BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
+                           TANH_SMALL: tl.constexpr, F64: tl.constexpr):
+    """The neural edge weights: per edge W_ij = a_ij tanh(1/(rho_ij + eps)) tanh(|pi_ij|)
+    (eq. 13-14, laplacian_math.h neural_edge_weight), with kappa_i = sum_j W_ij; segments of
+    heavy rows leave their kappa partial sums in `scratch_kappa` for
+    :func:`_neural_weights_combine_kernel`. consts = [1/mu (unused), eps] in the data dtype."""
     pid = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    inv_mu = tl.load(consts)
     eps = tl.load(consts + 1)
-    # The weights are needed even when the solve converged at iteration 1: no `done` here.
     row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
                                                    num_segs, pid, 0, ROWS)
     row64 = row.to(tl.int64)
-    first_tile = _first_tile(pid_d, ROWS)  # [ROWS] block, see _first_tile
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=a.dtype.element_ty)
     kappa = tl.zeros([ROWS], dtype=a.dtype.element_ty)
     if NUM_H_BLOCKS == 1:  # the segment rows' p_i, q_i stay in registers
         hc = tl.arange(0, BLOCK_H)
@@ -426,56 +390,24 @@ def _neural_step_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
         t, _unused = _tanh_sech2(1.0 / (rho + eps), TANH_SMALL)
         phi, _unused2 = _tanh_sech2(tl.abs(pi), TANH_SMALL)
         w_k = a_k * t * phi
-        tl.store(w_out + k, w_k, mask=emask & first_tile)
+        tl.store(w_out + k, w_k, mask=emask)
         kappa += w_k
-        if HAS_STEP:
-            z_j = tl.load(z + j[:, None] * D + cols[None, :],
-                          mask=emask[:, None] & cmask[None, :], other=0.0).to(a.dtype.element_ty)
-            acc += w_k[:, None] * z_j
-    whole = valid & (slot < 0)
-    partial = valid & (slot >= 0)
-    slot64 = slot.to(tl.int64)
-    tl.store(kappa_out + row64, kappa, mask=whole & first_tile)
-    tl.store(scratch_kappa + slot64, kappa, mask=partial & first_tile)
-    if HAS_STEP:
-        done = _load_done(done_ptr)
-        diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, whole, cols, cmask, chi,
-                                                        x, z, out, done, inv_mu, D)
-        _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
-        tl.store(scratch + slot64[:, None] * D + cols[None, :], acc,
-                 mask=partial[:, None] & cmask[None, :])
+    tl.store(kappa_out + row64, kappa, mask=valid & (slot < 0))
+    tl.store(scratch_kappa + slot.to(tl.int64), kappa, mask=valid & (slot >= 0))
 
 
 @triton.jit
-def _neural_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, consts, chi, x, z,
-                           kappa_out, out, scratch, scratch_kappa, part, part_offset, done_ptr,
-                           D, HAS_STEP: tl.constexpr, ROWS: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
-    """Rows longer than one segment of the fused pass: kappa_i and (W Z)_i from the row's
-    scratch slots in slot order, then the epilogue of :func:`_neural_step_kernel`."""
+def _neural_weights_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, kappa_out,
+                                   scratch_kappa, ROWS: tl.constexpr):
+    """kappa_i of rows longer than one segment: the sum of the row's scratch slots in slot
+    order."""
     pid = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    inv_mu = tl.load(consts)
     row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
                                                 num_heavy, pid, ROWS)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=chi.dtype.element_ty)
-    kappa = tl.zeros([ROWS], dtype=chi.dtype.element_ty)
+    kappa = tl.zeros([ROWS], dtype=scratch_kappa.dtype.element_ty)
     for s in range(0, tl.max(count, axis=0)):
-        smask = s < count
-        slot = (first + s).to(tl.int64)
-        kappa += tl.load(scratch_kappa + slot, mask=smask, other=0.0)
-        if HAS_STEP:
-            acc += tl.load(scratch + slot[:, None] * D + cols[None, :],
-                           mask=smask[:, None] & cmask[None, :], other=0.0)
-    tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid & _first_tile(pid_d, ROWS))
-    if HAS_STEP:
-        done = _load_done(done_ptr)
-        diff_sq, out_sq, weighted_sq = _neural_epilogue(acc, kappa, row, valid, cols, cmask, chi,
-                                                        x, z, out, done, inv_mu, D)
-        _store_norms(part, part_offset + pid * tl.num_programs(1) + pid_d, diff_sq, out_sq,
-                     weighted_sq)
+        kappa += tl.load(scratch_kappa + (first + s).to(tl.int64), mask=s < count, other=0.0)
+    tl.store(kappa_out + row.to(tl.int64), kappa, mask=valid)
 
 
 # -------------------------------------------------------------- the gradient pass --
@@ -708,39 +640,22 @@ def fixed_point_update(sums, state, history, k):
     _fixed_point_update_kernel[(1,)](sums, state, history, k)
 
 
-def neural_step(sched, col, a, p, q, consts, chi, x, z, w_out, kappa_out, out, done):
-    """The fused forward pass: writes w_out, kappa_out and, when `out` is given, the step
-    z -> out; returns the residual partial sums (None without a step)."""
-    n, h = p.shape
-    has_step = out is not None
-    d = x.shape[1] if has_step else 1
-    block_d = _pow2(d, MAX_BLOCK_D)
+def neural_weights(sched, col, a, p, q, consts, w_out, kappa_out):
+    """Writes the neural edge weights w_out and their row sums kappa_out (consts = [1/mu,
+    eps]; see the kernel)."""
+    h = p.shape[1]
     block_h = _pow2(h, MAX_BLOCK_H)
     rows = 16
-    warps = _warps(rows, max(block_d, block_h))
-    tiles_d = triton.cdiv(d, block_d) if has_step else 1
-    grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
-    grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
-    part = p.new_empty(ROW_STEP_SUMS * (grid[0] + (grid_c[0] if sched.num_heavy else 0))
-                       * tiles_d, dtype=torch.float64)
-    scratch = a.new_empty(max(sched.num_slots, 1), d if has_step else 1)
     scratch_kappa = a.new_empty(max(sched.num_slots, 1))
-    if not has_step:  # placeholders the kernel never touches
-        x = z = out = chi
-        done = part
-    _neural_step_kernel[grid](*sched.segment_args(), col, a, p, q, consts, chi, x, z,
-                              w_out, kappa_out, out, scratch, scratch_kappa, part, done, d, h,
-                              HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d, BLOCK_H=block_h,
-                              NUM_H_BLOCKS=triton.cdiv(h, block_h),
-                              TANH_SMALL=_TANH_SMALL[a.dtype],
-                              F64=a.dtype == torch.float64, num_warps=warps)
+    _neural_weights_kernel[(triton.cdiv(sched.num_segments, rows),)](
+        *sched.segment_args(), col, a, p, q, consts, w_out, kappa_out, scratch_kappa, h,
+        ROWS=rows, BLOCK_H=block_h, NUM_H_BLOCKS=triton.cdiv(h, block_h),
+        TANH_SMALL=_TANH_SMALL[a.dtype], F64=a.dtype == torch.float64,
+        num_warps=_warps(rows, block_h))
     if sched.num_heavy:
-        _neural_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
-                                       sched.num_heavy, consts, chi, x, z, kappa_out, out,
-                                       scratch, scratch_kappa, part, grid[0] * tiles_d, done, d,
-                                       HAS_STEP=has_step, ROWS=rows, BLOCK_D=block_d,
-                                       num_warps=_warps(rows, block_d))
-    return part if has_step else None
+        _neural_weights_combine_kernel[(triton.cdiv(sched.num_heavy, rows),)](
+            sched.heavy_row, sched.heavy_first, sched.heavy_count, sched.num_heavy, kappa_out,
+            scratch_kappa, ROWS=rows, num_warps=_warps(rows, 1))
 
 
 def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z=None, v=None,

@@ -271,10 +271,9 @@ def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: T
     w = a.new_empty(col.numel())
     kappa = a.new_empty(n)
     if n:
-        _jit().neural_step(schedule_for(rowptr, col.numel()), col.contiguous(), a.contiguous(),
-                           p.contiguous(), q.contiguous(), _consts((1.0, eps), a.dtype,
-                                                                   a.device),
-                           a.new_zeros(n), None, None, w, kappa, None, None)
+        _jit().neural_weights(schedule_for(rowptr, col.numel()), col.contiguous(),
+                              a.contiguous(), p.contiguous(), q.contiguous(),
+                              _consts((1.0, eps), a.dtype, a.device), w, kappa)
     return w, kappa
 
 
