@@ -26,6 +26,7 @@ product (the dots w.u from the sweep) against the row pass op and a separate dot
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -87,21 +88,41 @@ def main(out_path):
               "torch": torch.__version__, "nodes": NODES, "channels": CHANNELS,
               "sweeps_per_solve": SWEEPS, "rounds": ROUNDS, "us_per_sweep": {}}
     for check_every in (16, 1):
-        times = {name: [] for name in variants}
-        for name in variants:
-            sweep_us(name, check_every)  # warm-up
-        for _ in range(ROUNDS):
-            for name in variants:
-                times[name].append(sweep_us(name, check_every))
-        medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
-        result["us_per_sweep"][f"check_every_{check_every}"] = medians
-        print(f"check_every={check_every}: " +
-              ", ".join(f"{name} {us:.0f} us/sweep" for name, us in medians.items()))
+        result["us_per_sweep"][f"check_every_{check_every}"] = interleaved_medians(
+            variants, lambda name: sweep_us(name, check_every), f"check_every={check_every}",
+            "us/sweep")
     result["cg_us_per_iteration"] = cg_host_times(gen)
     result["cg_sweep_us_per_iteration"] = cg_sweep_host_times(graph, w, chi, kappa, x)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
+
+
+def interleaved_medians(variants, time_one, label, unit):
+    """{name: median of time_one(name)} over ROUNDS rounds that each time every variant once,
+    after one warm-up call each; prints them after `label`."""
+    times = {name: [] for name in variants}
+    for name in variants:
+        time_one(name)
+    for _ in range(ROUNDS):
+        for name in variants:
+            times[name].append(time_one(name))
+    medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
+    print(f"{label}: " + ", ".join(f"{name} {us:.0f} {unit}" for name, us in medians.items()))
+    return medians
+
+
+@contextlib.contextmanager
+def cg_update_of(update):
+    """cg's vector update forced to `update` (the Triton one runs on CPU tensors only because
+    its launches are stubbed)."""
+    loops_module = sys.modules["dignn_kernels.solvers.loops"]
+    original = loops_module.cg_update_for
+    loops_module.cg_update_for = lambda rhs, kernels: update
+    try:
+        yield
+    finally:
+        loops_module.cg_update_for = original
 
 
 def cg_host_times(gen):
@@ -123,33 +144,19 @@ def cg_host_times(gen):
     variants = {"finish_kernel": cg_update.TritonCGUpdate, "finish_torch": TorchFinish}
     rhs = torch.randn(NODES, CHANNELS, generator=gen)
     inv = torch.rand(NODES, generator=gen) + 0.5
-    original = cg_update.cg_update_for
-
-    loops_module = sys.modules["dignn_kernels.solvers.loops"]
 
     def iteration_us(name):
-        loops_module.cg_update_for = lambda rhs, kernels: variants[name]
-        try:
+        with cg_update_of(variants[name]):
             start = time.perf_counter()
             out = dk.solvers.conjugate_gradient(lambda u: u, rhs, inv, max_iter=SWEEPS,
                                                 tol=0.0, check_every=16)
             elapsed = time.perf_counter() - start
-        finally:
-            loops_module.cg_update_for = original
         # (the kernel's bookkeeping is stubbed: its flags count no iteration)
         assert int(out.sweeps) == (0 if name == "finish_kernel" else SWEEPS)
         return elapsed / SWEEPS * 1e6
 
-    times = {name: [] for name in variants}
-    for name in variants:
-        iteration_us(name)
-    for _ in range(ROUNDS):
-        for name in variants:
-            times[name].append(iteration_us(name))
-    medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
-    print("cg, flag read every 16 iterations: " +
-          ", ".join(f"{name} {us:.0f} us/iteration" for name, us in medians.items()))
-    return medians
+    return interleaved_medians(variants, iteration_us, "cg, flag read every 16 iterations",
+                               "us/iteration")
 
 
 def cg_sweep_host_times(graph, w, chi, kappa, x):
@@ -163,8 +170,6 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
     _triton_cg.column_dots = lambda a, b: a.new_ones(a.shape[1])
     _triton_cg.cg_step = lambda state, w, delta, done: (state.alpha_prev, sums.clone())
     _triton_cg.cg_finish = lambda sums, flags, history, k: None
-    loops_module = sys.modules["dignn_kernels.solvers.loops"]
-    original = loops_module.cg_update_for
     variants = {"row_product": tb.TRITON,
                 "row_pass": dataclasses.replace(tb.TRITON, row_product=None)}
     systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
@@ -172,27 +177,17 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
                for name, backend in variants.items()}
 
     def iteration_us(name):
-        loops_module.cg_update_for = lambda rhs, kernels: cg_update.TritonCGUpdate
-        try:
+        with cg_update_of(cg_update.TritonCGUpdate):
             start = time.perf_counter()
             out = dk.solvers.solve_forward(systems[name], x, "cg", max_iter=SWEEPS, tol=0.0,
                                            check_every=16)
             elapsed = time.perf_counter() - start
-        finally:
-            loops_module.cg_update_for = original
         assert int(out.sweeps) == 0  # (the bookkeeping is stubbed: no iteration counted)
         return elapsed / SWEEPS * 1e6
 
-    times = {name: [] for name in variants}
-    for name in variants:
-        iteration_us(name)
-    for _ in range(ROUNDS):
-        for name in variants:
-            times[name].append(iteration_us(name))
-    medians = {name: round(statistics.median(t), 1) for name, t in times.items()}
-    print("cg on the system, flag read every 16 iterations: " +
-          ", ".join(f"{name} {us:.0f} us/iteration" for name, us in medians.items()))
-    return medians
+    return interleaved_medians(variants, iteration_us,
+                               "cg on the system, flag read every 16 iterations",
+                               "us/iteration")
 
 
 if __name__ == "__main__":
