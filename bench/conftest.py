@@ -32,8 +32,9 @@ def load_facebook100(name: str):
 def without(backend: str, part: str, enabled: bool = True):
     """While the block runs (if ``enabled``), backend ``backend`` without its optional
     ``part`` of the pass interface: "fused_solve" (its solves take the solvers' Python loop
-    over its passes) or "row_step" (that loop takes its norms from the row pass's output).
-    The same results, the path the part replaces."""
+    over its passes), "row_step" (that loop takes its norms from the row pass's output) or
+    "row_product" (cg's sweep is the row pass, its dots a second pass). The same results (to
+    rounding for the dots), the path the part replaces."""
     from dignn_kernels import backends
     whole = backends._REGISTRY[backend]
     if enabled:
