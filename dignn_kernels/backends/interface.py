@@ -69,9 +69,9 @@ import torch
 from torch import Tensor
 
 __all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "RowProduct",
-           "GradientPass",
-           "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE", "FP_DIVERGED",
-           "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND", "FP_TINY"]
+           "GradientPass", "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE",
+           "FP_DIVERGED", "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND",
+           "FP_TINY"]
 
 # The dtypes a solve may store its iterates and projections in (``storage_dtype``).
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)

@@ -124,8 +124,8 @@ def column_dots(a: Tensor, b: Tensor) -> Tensor:
 def cg_step(state, w: Tensor, delta: Tensor, done: Tensor):
     """One update of ``state`` (:class:`~.cg_update.CGState`) in place, after the sweep
     w = A u with delta = w.u (global), unless ``done`` (its first element nonzero: the
-    solve's flags) says the solve is done (then alpha = beta = 0); returns (alpha [d], the local sums [2, d] of the new
-    r.u and ||scale r||^2)."""
+    solve's flags) says the solve is done (then alpha = beta = 0); returns (alpha [d], the
+    local sums [2, d] of the new r.u and ||scale r||^2)."""
     n, d = state.r.shape
     alpha = delta.new_empty(d)
     if n == 0 or d == 0:
