@@ -444,6 +444,22 @@ def test_cg_on_the_row_product_equals_cg_on_the_row_pass(device, vector_kernels,
             assert torch.allclose(on_product.stats(), plain.stats(), rtol=1e-3)
 
 
+def test_zero_width_solves_on_the_prepared_sweeps(device):
+    """A signal with no channels through the row step and the row product (their buffers
+    are empty tensors, which may share an address): every solver returns an empty solution,
+    forward and adjoint."""
+    x, ei, w = make_graph("symmetric", n=10, d=3, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
+    system = dk.solvers.EquilibriumSystem(tb.TRITON, *to(device, g.rowptr, g.col, wf, chi,
+                                                         kappa), 2.2)
+    empty = torch.zeros(10, 0, device=device)
+    for solver in ("fixed_point", "cg", "anderson"):
+        for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
+            out = solve(system, empty, solver, max_iter=5, tol=1e-6, check_every=4)
+            assert out.solution.shape == (10, 0) and not bool(out.diverged)
+
+
 STEP_SOLVES = [("symmetric", "rw", 2.2, 60, 1e-6, None), ("directed", "neural", 2.2, 8, 0.0,
                                                           None),
                ("symmetric", "rw", 0.5, 200, 0.0, None),

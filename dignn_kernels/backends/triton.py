@@ -369,7 +369,7 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
             raise RuntimeError(f"y must have b's shape {list(b.shape)} and device {b.device} "
                                f"and dtype {b.dtype} or a 16-bit storage dtype, got "
                                f"{list(y.shape)}, {y.device}, {y.dtype}")
-        _check_out(y, out, n)
+        _check_out(y, out)
         for t, name, size in ((state, "state", FIXED_POINT_STATE), (history, "history", k)):
             if t.dtype != torch.float64 or t.dim() != 1 or t.numel() < size or \
                     t.device != y.device or not t.is_contiguous():
@@ -387,15 +387,16 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
     return step
 
 
-def _check_out(y: Tensor, out: Tensor, n: int) -> None:
-    """The output buffer of a prepared sweep: like y, contiguous, and not y itself."""
+def _check_out(y: Tensor, out: Tensor) -> None:
+    """The output buffer of a prepared sweep: like y, contiguous, and not y itself (empty
+    tensors aside: they may share an address and hold nothing)."""
     if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or \
             not (out.is_contiguous() and y.is_contiguous()):
         raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
                            f"{y.dtype}, {y.device}; y contiguous too), got "
                            f"{list(out.shape)}, {out.dtype}, {out.device}: pass "
                            f"torch.empty_like(y)")
-    if n and out.data_ptr() == y.data_ptr():
+    if y.numel() and out.data_ptr() == y.data_ptr():
         raise RuntimeError("out must not be y: the sweep reads y's neighbour rows while it "
                            "writes out; pass a second buffer")
 
@@ -418,7 +419,7 @@ def _row_product(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
         if y.dim() != 2 or y.shape[0] != n or y.dtype != w.dtype or y.device != w.device:
             raise RuntimeError(f"y must be a [{n}, d] tensor of w's dtype {w.dtype} on "
                                f"{w.device}, got {list(y.shape)}, {y.dtype}, {y.device}")
-        _check_out(y, out, n)
+        _check_out(y, out)
         if done.numel() < 1 or done.device != y.device:
             raise RuntimeError(f"done must be a flag tensor on {y.device} (its first element "
                                f"nonzero once the solve is done), got {list(done.shape)} on "
