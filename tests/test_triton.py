@@ -22,7 +22,8 @@ from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.backends import interface as iface, triton as tb
 from dignn_kernels.solvers import loops
 from backend_faces import face
-from conftest import make_graph, make_layer, rel_err, thetas, wide_range_projections
+from conftest import (HostReads, make_graph, make_layer, rel_err, thetas,
+                      wide_range_projections)
 
 tk = face("triton")  # the triton passes and solve through the public face
 compiled = face("cpu")
@@ -458,6 +459,44 @@ def test_zero_width_solves_on_the_prepared_sweeps(device):
         for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
             out = solve(system, empty, solver, max_iter=5, tol=1e-6, check_every=4)
             assert out.solution.shape == (10, 0) and not bool(out.diverged)
+
+
+def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
+    """The host side of a Triton solve (the schedule, the prepared row step and row product,
+    their checks, the loops, cg's Triton update) reads no value back to the host between
+    flag checks: each read would be a device sync on a GPU. The Triton launches are stubbed
+    (under the interpreter a launch itself copies its tensors to NumPy); the stubs leave the
+    state as it is, so every solve runs its max_iter sweeps and reads its flag exactly where
+    check_every says."""
+    pytest.importorskip("triton")
+    from dignn_kernels.solvers import _triton_cg, cg_update
+    jit = tb._jit()
+    monkeypatch.setattr(tb, "_require_device", lambda t: None)  # CPU tensors, nothing runs
+
+    def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
+        out.copy_(y)
+        return y.new_ones(4, y.shape[1]) if dots else y.new_zeros(12, dtype=torch.float64)
+
+    monkeypatch.setattr(jit, "csr_fma", csr_fma)
+    monkeypatch.setattr(jit, "fixed_point_update", lambda sums, state, history, k: None)
+    monkeypatch.setattr(_triton_cg, "column_dots", lambda a, b: a.new_ones(a.shape[1]))
+    monkeypatch.setattr(_triton_cg, "cg_step", lambda state, w, delta, done: (
+        state.alpha_prev, state.r.new_ones(2, state.r.shape[1])))
+    monkeypatch.setattr(_triton_cg, "cg_finish", lambda sums, flags, history, k: None)
+    monkeypatch.setattr(loops, "cg_update_for", lambda rhs, kernels: cg_update.TritonCGUpdate)
+    x, ei, w = make_graph("weighted", n=30, d=4, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
+    for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_product=None)):
+        system = dk.solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, 2.2)
+        for solver in ("fixed_point", "cg"):
+            for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
+                for check_every, max_iter, reads in ((16, 15, 0), (0, 15, 0), (4, 9, 2)):
+                    with HostReads() as counted:
+                        solve(system, x, solver, max_iter=max_iter, tol=1e-6,
+                              check_every=check_every)
+                    assert counted.count == reads, (backend.row_product, solver, solve,
+                                                    check_every)
 
 
 STEP_SOLVES = [("symmetric", "rw", 2.2, 60, 1e-6, None), ("directed", "neural", 2.2, 8, 0.0,
