@@ -424,8 +424,9 @@ def test_cg_on_the_row_product_equals_cg_on_the_row_pass(device, vector_kernels,
                                                          laplacian, mu, max_iter, tol):
     """cg with the Triton row product (the sweep and its dots w.u in one kernel) against cg on
     the Triton row pass and a separate dot product, with either vector update: the same
-    sweeps and flags, the solutions and residuals to rounding (the dots are summed in
-    another order), forward and adjoint, the flag read every sweep, every 4 or never."""
+    sweeps (in the interpreter; within one on a GPU) and flags, the solutions and residuals
+    to rounding (the dots are summed in another order), forward and adjoint, the flag read
+    every sweep, every 4 or never."""
     x, ei, w = make_graph(kind, n=30, d=6, dtype=torch.float32)
     g = dk.build_graph(ei, x.size(0), w)
     wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
@@ -446,10 +447,16 @@ def test_cg_on_the_row_product_equals_cg_on_the_row_pass(device, vector_kernels,
                                               vector_kernels=vector_kernels,
                                               product=system.spd_product())
                 for system in systems)
-            assert int(on_product.sweeps) == int(plain.sweeps) > 3
+            # on a GPU the dots' other order may move a stop at tol by one sweep
+            slack = 0 if device.type == "cpu" else 1
+            assert abs(int(on_product.sweeps) - int(plain.sweeps)) <= slack
+            assert int(plain.sweeps) > 3
             assert bool(on_product.diverged) == bool(plain.diverged) is False
             assert rel_err(on_product.solution.cpu(), plain.solution.cpu()) < 1e-5
-            assert torch.allclose(on_product.stats(), plain.stats(), rtol=1e-3)
+            if int(on_product.sweeps) == int(plain.sweeps):
+                assert torch.allclose(on_product.stats(), plain.stats(), rtol=1e-3)
+            else:  # both stopped at tol, a sweep apart
+                assert max(float(on_product.relative), float(plain.relative)) <= tol
 
 
 def test_zero_width_solves_on_the_prepared_sweeps(device):
