@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..backends.interface import FP_DIVERGED, FP_DONE, FP_RESIDUAL, FP_SWEEPS
-from .device_state import record_iteration
+from .device_state import record_iteration, state_of
 
 __all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS",
            "CG_DONE", "CG_DIVERGED", "CG_SWEEPS", "CG_RESIDUAL", "CG_TARGET", "CG_REF_SAFE",
@@ -50,7 +50,7 @@ def cg_flags(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor:
     zero = torch.zeros_like(residual)
     fields = {CG_DONE: (residual <= target).double(), CG_DIVERGED: zero, CG_SWEEPS: zero,
               CG_RESIDUAL: residual, CG_TARGET: target, CG_REF_SAFE: ref_safe}
-    return torch.stack([fields[i].double() for i in range(CG_FLAGS)])
+    return state_of(fields, CG_FLAGS)
 
 
 def _residual_norm(sums: Tensor) -> Tensor:

@@ -3,12 +3,20 @@ four fields the fixed point's layout (:data:`~dignn_kernels.backends.interface.F
 and cg's (:data:`~dignn_kernels.solvers.cg_update.CG_FLAGS`) share: done, diverged, the
 iterations counted and the last residual. Written here once in PyTorch ops; the Triton kernels
 of the same bookkeeping use :func:`dignn_kernels.backends._triton_jit.record_iteration`."""
+from typing import Dict
+
 import torch
 from torch import Tensor
 
 from ..backends.interface import FP_DIVERGED, FP_DONE, FP_RESIDUAL, FP_SWEEPS
 
-__all__ = ["record_iteration"]
+__all__ = ["state_of", "record_iteration"]
+
+
+def state_of(fields: Dict[int, Tensor], size: int) -> Tensor:
+    """A solve's state from its fields {index: 0-dim tensor}, one for each of 0 .. size - 1,
+    as one float64 tensor."""
+    return torch.stack([fields[i].double() for i in range(size)])
 
 
 def record_iteration(state: Tensor, res: Tensor, bad: Tensor, stop: Tensor, *more: Tensor

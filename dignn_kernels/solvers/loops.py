@@ -64,7 +64,7 @@ from torch import Tensor
 from ..backends.interface import (FIXED_POINT_STATE, FP_BOUND, FP_DIVERGED, FP_DONE,
                                   FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL)
 from ..laplacian import node_mass
-from .device_state import record_iteration
+from .device_state import record_iteration, state_of
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
 from .system import EquilibriumSystem
@@ -74,9 +74,8 @@ from .system import EquilibriumSystem
 Reduce = Optional[Callable[[Tensor], Tensor]]
 
 __all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult", "fixed_point",
-           "fixed_point_update",
-           "conjugate_gradient", "anderson", "solve_forward", "solve_adjoint",
-           "default_check_every", "check_every_arg", "fixed_point_diverged"]
+           "fixed_point_update", "conjugate_gradient", "anderson", "solve_forward",
+           "solve_adjoint", "default_check_every", "check_every_arg", "fixed_point_diverged"]
 
 SOLVERS = ("fixed_point", "cg", "anderson")
 ANDERSON_WINDOW = 5
@@ -169,9 +168,7 @@ def _start(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None, reduce: Red
     ref = _norm(rhs, reduce) if ref is None else ref.double()
     ref_safe = ref.clamp_min(torch.finfo(torch.float64).tiny)
     history = torch.full((max_iter + 1,), math.nan, dtype=torch.float64, device=dev)
-    flag = torch.zeros((), dtype=torch.bool, device=dev)
-    count = torch.zeros((), dtype=torch.int64, device=dev)
-    return ref, ref_safe, history, flag, count
+    return ref, ref_safe, history
 
 
 def _finish(solution, rhs, history, sweeps, residual, ref_safe, diverged, valid_upto):
@@ -233,7 +230,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     writes nothing once the solve is done, so no iterate is read again for the bookkeeping;
     at the end the buffer holding the last accepted iterate is picked on the device."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, _, _ = _start(rhs, max_iter, reduce=reduce)
+    ref, ref_safe, history = _start(rhs, max_iter, reduce=reduce)
     zero = torch.zeros_like(ref)
     bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else \
         torch.full_like(ref, math.inf)
@@ -242,7 +239,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
               FP_RESIDUAL: ref, FP_RELATIVE: (ref > 0).double(),
               FP_TOL: torch.full_like(ref, tol), FP_BOUND: bound,
               FP_TINY: torch.full_like(ref, torch.finfo(torch.float64).tiny)}
-    state = torch.stack([fields[i] for i in range(FIXED_POINT_STATE)])
+    state = state_of(fields, FIXED_POINT_STATE)
     y = rhs
     if row_step is not None:
         # sweep k reads buffers[k % 2] and writes buffers[(k - 1) % 2]; y_1 is buffers[1]
@@ -320,7 +317,7 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     A u into the buffer w and returns the local dots w.u, nothing once the flag ``done`` is
     set) replaces ``apply`` and the dot product's own pass over w and u."""
     check_every = check_every_arg(check_every)
-    ref, ref_safe, history, _, _ = _start(rhs, max_iter, ref_norm, reduce)
+    ref, ref_safe, history = _start(rhs, max_iter, ref_norm, reduce)
     update = cg_update_for(rhs, vector_kernels)
     state = CGState.start(rhs, inv_diagonal, residual_scale, decoupled)
     residual = state.finish_reduction(_global(state.reduction(), reduce))
@@ -394,7 +391,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
     if rhs.dim() != 2:
         raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
-    ref, ref_safe, history, done, sweeps = _start(rhs, max_iter, reduce=reduce)
+    ref, ref_safe, history = _start(rhs, max_iter, reduce=reduce)
     m = min(window, max(max_iter - 1, 1))
     dtype = rhs.dtype
     y = rhs
@@ -402,7 +399,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     f = gy - y
     residual = _norm(f, reduce)
     history[0] = residual / ref_safe
-    sweeps += 1
+    sweeps = torch.ones((), dtype=torch.int64, device=rhs.device)
     diverged = ~torch.isfinite(residual)
     done = diverged | (residual <= tol * ref)
     if callback is not None:
