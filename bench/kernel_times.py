@@ -4,11 +4,11 @@ The GPU issue's goal is "the CUDA backend at least as fast as the Triton one on 
 The two backends launch different kernels for the same work, so :func:`kernel_role` names the
 work a kernel does, one of :data:`ROLES`:
 
-- ``cached row pass``: a fixed-point sweep with cached edge weights (CUDA
-  ``row_pass_kernel<T, V, G, false>``, Triton ``_csr_fma_kernel``);
+- ``cached row pass``: a sweep with cached edge weights, of the fixed point or cg's row product
+  (CUDA ``row_pass_kernel<T, S, V, G, false, kDots>``, Triton ``_csr_fma_kernel``);
 - ``neural row pass``: the sweep that forms the neural edge weights (paper eq. 13-14) as it
-  goes (``row_pass_kernel<T, V, G, true>``, ``_neural_weights_kernel``; before 2026-11-24
-  ``_neural_step_kernel``);
+  goes (``row_pass_kernel<T, S, V, G, true, false>``, ``_neural_weights_kernel``; before
+  2026-11-24 ``_neural_step_kernel``);
 - ``gradient pass``: the backward's pass over the edges that forms dl/dW per edge from the
   adjoint and the iterate and sums it into the gradients of the projections p, q
   (``grad_pass_kernel``, ``_weight_grad_kernel``);
@@ -17,7 +17,7 @@ work a kernel does, one of :data:`ROLES`:
 - ``step bookkeeping``: the solver's work between sweeps: norm reductions, the convergence
   stats and flag (``sum_squares_kernel``, ``finalize_step_kernel``; ``_finish_step_kernel`` of
   the Triton backend profiled on 2026-11-23), cg's vector update and dot products
-  (``_cg_step_kernel``, ``_column_dots_kernel``);
+  (``_cg_step_kernel``, ``_column_dots_kernel``, ``row_product_dots_kernel``);
 - ``dense (aten)``: what torch itself launches: aten's elementwise, reduction and indexing
   kernels and the cuBLAS/CUTLASS GEMMs of the linear maps (and, profiled on the CPU, the aten
   operators);
@@ -66,19 +66,29 @@ _PROJECT_KERNELS = {
     "_cg_step_kernel": "step bookkeeping",
     "_cg_finish_kernel": "step bookkeeping",
     "_column_dots_kernel": "step bookkeeping",
+    "row_product_dots_kernel": "step bookkeeping",
     "schedule_counts_kernel": "other",
     "schedule_fill_kernel": "other",
     "row_coefficients_kernel": "other",
     "row_sums_kernel": "other",
 }
 _ROW_PASS = "row_pass_kernel"
-# row_pass_kernel<T, V, G, kNeural> with kNeural true (plain template arguments, no nesting)
-_NEURAL_ROW_PASS = re.compile(r"row_pass_kernel<[^<>]*,\s*true\s*>")
+# row_pass_kernel's template arguments (plain, no nesting): its first boolean one is kNeural
+# (<T, V, G, kNeural> in the H100 profile of 2026-11-23, <T, S, V, G, kNeural, kDots> now)
+_ROW_PASS_ARGS = re.compile(r"row_pass_kernel<([^<>]*)>")
 # cuBLAS, cuBLASLt and CUTLASS kernels (the GEMMs behind aten::mm / aten::addmm); their names
 # carry no namespace of torch
 _BLAS_KERNEL = re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|splitKreduce", re.IGNORECASE)
 # namespaces of torch's own kernels and operators
 _TORCH_NAMESPACES = {"at", "aten", "at_cuda_detail"}
+
+
+def _neural_row_pass(name: str) -> bool:
+    """Whether a row_pass_kernel's name is of its neural variant (kNeural true)."""
+    args = _ROW_PASS_ARGS.search(name)
+    flags = [a.strip() for a in args.group(1).split(",") if a.strip() in ("true", "false")] \
+        if args else []
+    return bool(flags) and flags[0] == "true"
 
 
 def _qualified_name(name: str):
@@ -95,7 +105,7 @@ def kernel_role(name: str) -> str:
     parts = _qualified_name(name)
     kernel = parts[-1]
     if kernel == _ROW_PASS:
-        return "neural row pass" if _NEURAL_ROW_PASS.search(name) else "cached row pass"
+        return "neural row pass" if _neural_row_pass(name) else "cached row pass"
     if kernel in _PROJECT_KERNELS:
         return _PROJECT_KERNELS[kernel]
     if _BLAS_KERNEL.search(name) or parts[0] in _TORCH_NAMESPACES:

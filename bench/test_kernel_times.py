@@ -35,6 +35,18 @@ H100_PROFILE_NAMES = [
 # Full demangled names of the current kernels (csrc/cuda/*.cuh, the Triton modules), and of
 # torch's kernels and device events.
 CURRENT_NAMES = [
+    ("void dignn::cuda::row_pass_kernel<float, float, 4, 8, false, false>(dignn::cuda::"
+     "RowPassArgs<float, float>)", "cached row pass"),
+    ("void dignn::cuda::row_pass_kernel<float, float, 4, 8, false, true>(dignn::cuda::"
+     "RowPassArgs<float, float>)", "cached row pass"),  # cg's row product
+    ("void dignn::cuda::row_pass_kernel<double, double, 1, 16, true, false>(dignn::cuda::"
+     "RowPassArgs<double, double>)", "neural row pass"),
+    ("void dignn::cuda::row_pass_kernel<float, c10::BFloat16, 4, 8, false, false>(dignn::"
+     "cuda::RowPassArgs<float, c10::BFloat16>)", "cached row pass"),
+    ("void dignn::cuda::row_product_dots_kernel<float>(double const*, long, dignn::cuda::"
+     "ScheduleView, float const*, float const*, long, double const*, float*)",
+     "step bookkeeping"),
+    # the template arguments of 2026-11-23 (one boolean)
     ("void dignn::cuda::row_pass_kernel<float, 4, 8, false>(dignn::cuda::RowPassArgs<float>)",
      "cached row pass"),
     ("void dignn::cuda::row_pass_kernel<double, 2, 16, true>(dignn::cuda::RowPassArgs<double>)",
@@ -82,6 +94,21 @@ def test_every_triton_kernel_has_a_role():
              if name.endswith("_kernel")]
     assert len(names) >= 8
     assert [name for name in names if kernel_role(name) == "other"] == []
+
+
+def test_every_cuda_kernel_has_a_role():
+    """Each CUDA kernel of csrc/cuda/ (every ``DIGNN_KERNEL(...) name(``) is one that
+    kernel_role knows by name: counted in its role, or as "other" on purpose (the setup of a
+    graph or a solve), never by default."""
+    import re
+    from pathlib import Path
+    import kernel_times
+    sources = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+    names = {name for path in sources.glob("*") for name in
+             re.findall(r"DIGNN_KERNEL\(\w+\)\s+(\w+)\(", path.read_text())}
+    assert {"row_pass_kernel", "row_product_dots_kernel", "grad_pass_kernel"} <= names
+    known = set(kernel_times._PROJECT_KERNELS) | {kernel_times._ROW_PASS}
+    assert sorted(names - known) == []
 
 
 def ring_layer_step():

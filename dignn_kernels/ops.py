@@ -23,18 +23,19 @@ are valid by construction; the layer and the solvers) pass ``trusted=True`` to s
 ops check shapes, dtypes and devices always (csrc/ops/checks.h). Bad graphs raise RuntimeError
 naming the argument, on every backend.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .backends import get_backend
+from .backends.schedule import CUDA_SEGMENT_EDGES
 from .backends.registration import register_edge_weights_autograd
 from .checks import check_features, check_graph, check_graph_data, check_scalars, check_values
 from .laplacian import row_coefficients
 
 __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
-           "neural_weight_grad", "check_graph"]
+           "csr_schedule", "row_product", "neural_weight_grad", "check_graph"]
 
 _ops = torch.ops.dignn
 
@@ -96,6 +97,25 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, trusted: bool = False,
     return run.row_pass(rowptr, col, w, y, b, cy, rs)
 
 
+def csr_schedule(rowptr: Tensor, col: Tensor) -> List[Tensor]:
+    """The work schedule of a CSR as the kernels on its device read it (on a GPU: its segments
+    and heavy rows, built on the device without a sync; on the CPU: none), for the ops that
+    take it (:func:`row_product`) instead of building it in every call."""
+    return _ops.csr_schedule(rowptr, col)
+
+
+def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: Tensor,
+                done: Tensor, *, trusted: bool = False) -> Tensor:
+    """One cg sweep with its dot products, on the graph's :func:`csr_schedule`: writes
+    ``cy * y + rs * (W y)`` into the buffer ``out`` (y's shape and dtype, not y) and returns
+    ``(out * y).sum(0)`` per channel (the exact products summed in float64, in y's dtype), in
+    one pass over the graph on a GPU. Once the float64 flag ``done[0]`` is nonzero (cg's
+    flags) it writes nothing and returns zeros, without reading the flag on the host on a
+    GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`)."""
+    check_graph_data(trusted, rowptr, col, y)
+    return _ops.row_product(rowptr, col, w, cy, rs, schedule, y, out, done)
+
+
 def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
                        t_col=None, t_perm=None, *, trusted: bool = False,
                        backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
@@ -136,6 +156,22 @@ def _(rowptr, col, w, chi, kappa, x, z, mu):
 @torch.library.register_fake("dignn::csr_fma")
 def _(rowptr, col, w, y, b, cy, rs):
     return torch.empty_like(y)
+
+
+@torch.library.register_fake("dignn::csr_schedule")
+def _(rowptr, col):
+    n, m = _num_nodes(rowptr), col.shape[0]
+    if rowptr.device.type != "cuda" or n == 0:
+        return []
+    # the GPU's segments and heavy rows (csrc/cuda/device_csr.h)
+    return [rowptr.new_empty(3, n),
+            rowptr.new_empty(n + m // CUDA_SEGMENT_EDGES, dtype=torch.int32),
+            rowptr.new_empty(m // (CUDA_SEGMENT_EDGES + 1) + 1, dtype=torch.int32)]
+
+
+@torch.library.register_fake("dignn::row_product")
+def _(rowptr, col, w, cy, rs, schedule, y, out, done):
+    return y.new_empty(y.shape[1])
 
 
 @torch.library.register_fake("dignn::neural_weight_grad")

@@ -245,3 +245,89 @@ def check_fused_storage16(run, inputs, storage_dtype, context=""):
                 assert torch.isfinite(a).all() and rel_err(a, b) <= tol16, (where, k)
             float32 = cpu_run(name, *args[:-1], None)
             assert rel_err(values[0], float32[0]) > 1e-7, where  # stored in 16 bits
+
+
+# The row product's kernel paths: (graph kind, d, dtype).
+ROW_PRODUCT_CASES = [
+    ("hub", 8, torch.float32),         # heavy rows (products from the combine kernel); float4
+    ("hub_in", 5, torch.float64),      # a heavy row in one direction only
+    ("directed", 1, torch.float64),    # one channel: groups of 4 lanes, mostly idle
+    ("symmetric", 64, torch.float32),  # the benchmark's width: float4, groups of 8
+    ("hub_out", 300, torch.float32),   # two channel blocks of a 32-lane group: two launches
+    ("zero_rows", 70, torch.float64),  # float64 wider than one channel block
+    ("isolated", 6, torch.float32),    # scalar channels (6 is no multiple of 4), empty rows
+    ("single_node", 3, torch.float64),
+]
+
+
+def check_row_product(ops_ns, case, device, exact, context=""):
+    """The row product of ``ops_ns`` (``csr_schedule``, ``row_product``, ``csr_fma``:
+    torch.ops.dignn on ``device``, or the emulated build on the CPU): its output is the row
+    pass of the same kernels with b = 0 (bit for bit where ``exact``; else to 4 ulp, as a GPU
+    may fuse either product of cy y + rs (W y) into an FMA) and matches the CPU kernels; its
+    dots match a float64 sum of that output times y (the exact products summed in float64,
+    then rounded to y's dtype); a second call gives the same dots bit for bit; once the flag
+    is set (the first element of a view into a longer flags tensor) nothing is written and the
+    dots are 0."""
+    s = case
+    rp, cl, w, cy, rs, y = (t.to(device) for t in (s.rowptr, s.col, s.w, s.cy, s.rs, s.z))
+    graph = (rp, cl, w, cy, rs, ops_ns.csr_schedule(rp, cl))
+    flags = torch.zeros(4, dtype=torch.float64, device=device)
+    flags[0] = 1.0  # not the flag: the product reads the first element of its view
+    done = flags[2:3]
+    out = torch.full_like(y, float("nan"))
+    dots = ops_ns.row_product(*graph, y, out, done)
+    assert dots.shape == (y.shape[1],) and dots.dtype == y.dtype, context
+    same = ops_ns.csr_fma(rp, cl, w, y, torch.zeros_like(y), cy, rs)
+    if exact:
+        assert torch.equal(out, same), context
+    else:
+        ulp = torch.finfo(y.dtype).eps * same.abs().clamp_min(torch.finfo(y.dtype).tiny)
+        assert ((out - same).abs() <= 4 * ulp).all(), context
+    cpu = torch.ops.dignn.csr_fma(s.rowptr, s.col, s.w, s.z, torch.zeros_like(s.z), s.cy, s.rs)
+    assert rel_err(out.cpu(), cpu) < (1e-12 if y.dtype == torch.float64 else 5e-6), context
+    terms = out.cpu().double() * s.z.double()
+    want = terms.sum(0)
+    bound = 1e-13 * terms.abs().sum(0) + torch.finfo(y.dtype).eps * want.abs()
+    assert ((dots.cpu().double() - want).abs() <= bound).all(), context
+    assert torch.equal(ops_ns.row_product(*graph, y, torch.empty_like(y), done), dots), context
+    flags[2] = 1.0
+    kept = torch.full_like(y, 7.0)
+    assert torch.equal(ops_ns.row_product(*graph, y, kept, done), torch.zeros_like(dots)), \
+        context
+    assert (kept == 7.0).all(), context
+
+
+def check_row_product_errors(ops_ns, device):
+    """Bad arguments of the row product raise naming the argument and the fix."""
+    import pytest
+    case = graph_case("symmetric", n=12, d=3)
+    rp, cl, w, cy, rs, y = (t.to(device) for t in (case.rowptr, case.col, case.w, case.cy,
+                                                   case.rs, case.z))
+    schedule = ops_ns.csr_schedule(rp, cl)
+    done = torch.zeros(1, dtype=torch.float64, device=device)
+    out = torch.empty_like(y)
+    other = graph_case("hub", n=30, d=3)  # another graph's schedule
+    bad = [
+        ((w.long(), cy, rs, schedule, y, out, done), "w must be float32 or float64"),
+        ((w, cy[:-1], rs, schedule, y, out, done), r"cy must have shape \[12\]"),
+        ((w, cy, rs.float(), schedule, y, out, done), "rs must have dtype"),
+        ((w, cy, rs, schedule + [rp], y, out, done),
+         r"schedule must be csr_schedule\(rowptr, col\) of this graph"),
+        ((w, cy, rs, schedule, y.float(), out, done), r"y must be a \[12, d\] tensor of w's "
+                                                      "dtype"),
+        ((w, cy, rs, schedule, y[:-1], out[:-1], done), r"y must be a \[12, d\] tensor"),
+        ((w, cy, rs, schedule, y, y, done), "out must not be y"),
+        ((w, cy, rs, schedule, y, out[:, :2], done), "out must be a contiguous buffer like y"),
+        ((w, cy, rs, schedule, y, y.new_empty(3, 12).t(), done),
+         r"\(not contiguous\): pass torch.empty_like\(y\)"),
+        ((w, cy, rs, schedule, y, out, done.float()), "done must be a float64 flag tensor"),
+        ((w, cy, rs, schedule, y, out, done[:0]), "done must be a float64 flag tensor"),
+    ]
+    if schedule:  # a device with a schedule (the GPU): one of another size
+        bad.append(((w, cy, rs, ops_ns.csr_schedule(other.rowptr.to(device),
+                                                    other.col.to(device)), y, out, done),
+                    "schedule must be csr_schedule"))
+    for args, regex in bad:
+        with pytest.raises(RuntimeError, match=regex):
+            ops_ns.row_product(rp, cl, *args)

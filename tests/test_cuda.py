@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import ops, reference, synthetic
+from dignn_kernels import ops, reference, solvers, synthetic
+from dignn_kernels.backends import get_backend
 from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
-from gpu_op_cases import (OpInputs, check_against_cpu, check_fused_storage16, check_storage16,
+from gpu_op_cases import (ROW_PRODUCT_CASES, OpInputs, check_against_cpu, check_fused_storage16,
+                          check_row_product, check_row_product_errors, check_storage16,
                           graph_case)
 
 pytestmark = [pytest.mark.cuda,
@@ -151,6 +153,11 @@ def test_opcheck(kind):
         "diffusion_step": [(c["rowptr"], c["col"], c["w"], c["chi"], c["kappa"], c["x"],
                             c["z"], 2.2)],
         "csr_fma": [(c["rowptr"], c["col"], c["w"], c["z"], c["x"], c["cy"], c["rs"])],
+        "csr_schedule": [(c["rowptr"], c["col"])],
+        "row_product": [(c["rowptr"], c["col"], c["w"], c["cy"], c["rs"],
+                         ops.csr_schedule(c["rowptr"], c["col"]), c["z"],
+                         torch.empty_like(c["z"]), torch.zeros(1, dtype=torch.float64,
+                                                               device=DEV))],
         "neural_weight_grad": [(c["rowptr"], c["col"], c["a"], c["p"], c["q"], c["z"], c["v"],
                                 1e-6, *t)],
         "implicit_diffusion": [(c["rowptr"], c["col"], c["a"], c["x"], c["chi"], c["p"],
@@ -183,6 +190,40 @@ def test_argument_errors():
             dk.implicit_diffusion(rp, cl, a, x, chi, p, q, **kwargs)
     with pytest.raises(RuntimeError, match="q must have dtype"):
         ops.neural_edge_weights(rp, cl, a, p, q.float())
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES)
+def test_row_product_is_the_row_pass_with_its_dots(kind, d, dtype):
+    check_row_product(torch.ops.dignn, graph_case(kind, n=300, d=d, dtype=dtype), DEV,
+                      exact=False, context=f"{kind} d={d} {dtype}")
+
+
+def test_row_product_argument_errors():
+    check_row_product_errors(torch.ops.dignn, DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cg_on_the_row_product_matches_cpu(dtype):
+    """cg on the CUDA backend (its row product) against cg on the CPU backend (the row pass
+    and a separate dot product) on a power-law graph with a hub: the same sweeps (or one
+    more or fewer: the dots are summed in another order), solutions to that order, forward
+    and adjoint."""
+    ei = power_law_with_hub(n=2000, m=20000, hub_degree=1500)
+    g = dk.build_graph(ei, 2000)
+    w, chi, kappa = g.fixed_laplacian("rw", dtype)
+    x = torch.randn(2000, 16, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    cuda = get_backend("cuda")
+    assert cuda.row_product is not None
+    cpu_system = solvers.EquilibriumSystem(get_backend("cpu"), g.rowptr, g.col, w, chi, kappa,
+                                           2.2)
+    gpu_system = solvers.EquilibriumSystem(cuda, *to_dev(g.rowptr, g.col, w, chi, kappa), 2.2)
+    assert gpu_system.spd_product() is not None
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        want = solve(cpu_system, x, "cg", max_iter=300, tol=tol)
+        got = solve(gpu_system, x.to(DEV), "cg", max_iter=300, tol=tol, check_every=4)
+        assert abs(int(got.sweeps) - int(want.sweeps)) <= 1, solve
+        assert rel_err(got.solution.cpu(), want.solution) <= 100 * tol, solve
 
 
 # --------------------------------------------------------------------------- the layer --
@@ -275,6 +316,27 @@ def test_solves_never_sync_with_the_host():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert 1 < stats[0] < 30 and 1 < back[-1][0] < 30 and fixed[-1][0] >= 1
+
+
+def test_cg_on_the_row_product_never_syncs():
+    """cg on the cuda backend's row product (its schedule made once, each sweep one op) and
+    the fused vector update: a solve that reads the flag never (check_every=0) launches
+    everything without a synchronization, and one that reads it every 4 sweeps stops there."""
+    case = graph_case("hub", n=400, d=8, dtype=torch.float32)
+    w, chi, kappa = case.graph.fixed_laplacian("rw", torch.float32)
+    system = solvers.EquilibriumSystem(get_backend("cuda"),
+                                       *to_dev(case.rowptr, case.col, w, chi, kappa), 2.2)
+    x = case.x.to(DEV)
+    solvers.solve_forward(system, x, "cg", max_iter=3, tol=0.0)  # caches of the system
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        quiet = solvers.solve_forward(system, x, "cg", max_iter=40, tol=1e-5, check_every=0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    checked = solvers.solve_forward(system, x, "cg", max_iter=40, tol=1e-5, check_every=4)
+    assert int(quiet.sweeps) == int(checked.sweeps) < 40
+    assert torch.equal(quiet.solution, checked.solution)
 
 
 def test_cuda_graph_capture_of_a_training_step():

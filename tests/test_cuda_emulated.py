@@ -16,12 +16,14 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import checks, ops
-from dignn_kernels.backends import STORAGE_DTYPES, FusedSolve, get_backend
+from dignn_kernels import checks, ops, solvers
+from dignn_kernels.backends import STORAGE_DTYPES, FusedSolve, compiled, get_backend
 from backend_faces import face
 from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, make_graph, make_layer, rel_err, thetas
-from gpu_op_cases import check_against_cpu, check_fused_storage16, check_storage16, graph_case
+from gpu_op_cases import (ROW_PRODUCT_CASES, check_against_cpu, check_fused_storage16,
+                          check_row_product, check_row_product_errors, check_storage16,
+                          graph_case)
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -160,6 +162,47 @@ def test_argument_errors(emu):
                                1e-6, case.rowptr, None, None)
     with pytest.raises(RuntimeError, match="q must have dtype"):
         emu.neural_edge_weights(case.rowptr, case.col, case.a, case.p, case.q.float(), 1e-6)
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES)
+def test_row_product_is_the_row_pass_with_its_dots(emu, kind, d, dtype):
+    check_row_product(emu, graph_case(kind, n=40, d=d, dtype=dtype), "cpu", exact=True,
+                      context=f"{kind} d={d} {dtype}")
+
+
+def test_row_product_argument_errors(emu):
+    check_row_product_errors(emu, "cpu")
+
+
+@pytest.mark.parametrize("kind,laplacian,d,dtype", [("hub", "rw", 8, torch.float64),
+                                                    ("zero_rows", "sym", 5, torch.float64),
+                                                    ("isolated", "rw", 70, torch.float32)])
+def test_cg_on_the_row_product(emu, kind, laplacian, d, dtype):
+    """cg on the emulated GPU row product (the compiled backend's, over the emulated ops)
+    gives what cg on the CPU row pass and its own dot product gives: the same sweeps and
+    flags, solutions and stats to summation order; forward and adjoint, from X = 0 too
+    (done from the start: the product writes nothing), the flag read every 1, 4 or 0
+    sweeps."""
+    case = graph_case(kind, n=40, d=d, dtype=dtype)
+    w, chi, kappa = case.graph.fixed_laplacian(laplacian, dtype)
+    cpu = get_backend("cpu")
+    on_product = dataclasses.replace(cpu, fused_solve=None,
+                                     row_product=compiled.prepared_row_product(emu))
+    systems = [solvers.EquilibriumSystem(backend, case.rowptr, case.col, w, chi, kappa, 2.2)
+               for backend in (cpu, on_product)]
+    value_tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        for rhs in (case.x, torch.zeros_like(case.x)):
+            for check_every in (1, 4, 0):
+                plain, got = (solve(system, rhs, "cg", max_iter=60, tol=1e-6,
+                                    check_every=check_every) for system in systems)
+                where = (solve.__name__, bool(rhs.any()), check_every)
+                assert int(got.sweeps) == int(plain.sweeps), where
+                assert bool(got.diverged) == bool(plain.diverged), where
+                assert rel_err(got.solution, plain.solution) <= value_tol, where
+                assert torch.allclose(got.stats(), plain.stats(), rtol=1e-3), where
+                if not rhs.any():
+                    assert int(got.sweeps) == 0 and not got.solution.any(), where
 
 
 STORAGE = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]

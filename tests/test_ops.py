@@ -6,9 +6,12 @@ import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
 from conftest import make_graph, rel_err, run_per_instruction_set, wide_range_projections
+from gpu_op_cases import (ROW_PRODUCT_CASES, check_row_product, check_row_product_errors,
+                          graph_case)
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
-       "neural_weight_grad", "implicit_diffusion", "implicit_diffusion_backward"]
+       "csr_schedule", "row_product", "neural_weight_grad", "implicit_diffusion",
+       "implicit_diffusion_backward"]
 FUSED_SOLVE = {"implicit_diffusion", "implicit_diffusion_backward"}  # no Python face
 
 
@@ -60,6 +63,9 @@ def test_opcheck_every_op(kind):
         "csr_fma": [(g.rowptr, g.col, w, z, x, torch.randn_like(chi), torch.randn_like(chi)),
                     (g.rowptr, g.col, w.float(), z.bfloat16(), x.float(),  # 16-bit storage
                      torch.randn_like(chi).float(), torch.randn_like(chi).float())],
+        "csr_schedule": [(g.rowptr, g.col)],
+        "row_product": [(g.rowptr, g.col, w, chi, kappa, ops.csr_schedule(g.rowptr, g.col), z,
+                         torch.empty_like(z), torch.zeros(1, dtype=torch.float64))],
         "neural_weight_grad": [(g.rowptr, g.col, a, p, q, z, v, 1e-6, *t),
                                (g.rowptr, g.col, a.float(), p.float(), q.float(), z.half(),
                                 v.half(), 1e-6, *t)],
@@ -413,3 +419,28 @@ def test_ops_compile_without_graph_breaks():
     want.backward()
     for a_, b_ in zip(args, ref_args):
         assert rel_err(a_.grad, b_.grad) < 1e-5
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES)
+def test_row_product_is_the_row_pass_with_its_dots(kind, d, dtype):
+    """The CPU kernel of the row product (the GPU's is tested in test_cuda_emulated.py and
+    test_cuda.py with the same checks)."""
+    check_row_product(torch.ops.dignn, graph_case(kind, n=40, d=d, dtype=dtype), "cpu",
+                      exact=True, context=f"{kind} d={d} {dtype}")
+
+
+def test_row_product_argument_errors():
+    check_row_product_errors(torch.ops.dignn, "cpu")
+
+
+def test_row_product_of_an_empty_graph_or_signal():
+    """No rows, or no channels: dots of zeros, out (empty, or of no channels) untouched."""
+    for n, d in ((0, 3), (5, 0)):
+        rowptr = torch.zeros(n + 1, dtype=torch.long)
+        col = torch.zeros(0, dtype=torch.long)
+        w = torch.zeros(0, dtype=torch.float64)
+        ones = torch.ones(n, dtype=torch.float64)
+        y = torch.ones(n, d, dtype=torch.float64)
+        dots = ops.row_product(rowptr, col, w, ones, ones, ops.csr_schedule(rowptr, col), y,
+                               torch.empty_like(y), torch.zeros(1, dtype=torch.float64))
+        assert torch.equal(dots, torch.zeros(d, dtype=torch.float64))

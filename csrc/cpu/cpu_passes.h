@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "ops/checks.h"
@@ -60,6 +61,16 @@ class CpuPasses {
   Csr csr(const at::Tensor& rowptr, const at::Tensor& col) const {
     return {rowptr.contiguous(), col.contiguous()};
   }
+  // The CPU kernels need no schedule (the op csr_schedule gives none).
+  static std::vector<at::Tensor> schedule_of(const Csr&) { return {}; }
+  static void check_schedule(at::TensorList s, const at::Tensor& rowptr, int64_t) {
+    TORCH_CHECK(s.empty(), "schedule must be csr_schedule(rowptr, col) of this graph (no "
+                "tensors on ", rowptr.device(), "), got ", s.size(),
+                " tensors: pass csr_schedule(rowptr, col)");
+  }
+  Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList) const {
+    return csr(rowptr, col);
+  }
   at::Tensor row_sums(const at::Tensor& rowptr, const at::Tensor& values) const;
   std::pair<at::Tensor, at::Tensor> coefficients(const at::Tensor& chi, const at::Tensor& kappa,
                                                  double inv_mu) const;
@@ -76,6 +87,17 @@ class CpuPasses {
   void row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
                 const at::Tensor& out) const {
     cpu::row_pass(csr, map, y, out);
+  }
+  // The host reads the flag; the row pass with b = 0, then the exact products summed in
+  // float64 (as on the GPU, in another order).
+  void row_product(const Csr& csr, const RowMap& map, const at::Tensor& y, const at::Tensor& out,
+                   const at::Tensor& done, const at::Tensor& dots) const {
+    if (*done.data_ptr<double>() != 0.0) {  // its first element
+      dots.zero_();
+      return;
+    }
+    cpu::row_pass(csr, RowMap{map.w, at::zeros_like(y), map.cy, map.rs}, y, out);
+    dots.copy_(at::mul(out.to(at::kDouble), y.to(at::kDouble)).sum(0));
   }
   RowStep row_step(const Csr& csr, const RowMap& map, const Iterates&, Residual& residual) const {
     return RowStep(csr, map, residual);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "cuda/device_csr.h"
 #include "cuda/device_graph_check.h"
@@ -95,6 +96,34 @@ class DevicePasses {
   Csr csr(const at::Tensor& rowptr, const at::Tensor& col) const {
     return make_device_csr(rowptr, col, stream());
   }
+  // The schedule of a CSR as tensors (the op csr_schedule), and the CSR made with one.
+  static std::vector<at::Tensor> schedule_of(const Csr& csr) {
+    return {csr.incl, csr.segment_row, csr.heavy_row};
+  }
+  static void check_schedule(at::TensorList s, const at::Tensor& rowptr, int64_t m) {
+    const int64_t n = num_rows(rowptr);
+    const auto is = [&](const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef shape) {
+      return t.scalar_type() == dtype && t.sizes() == shape && t.device() == rowptr.device() &&
+             t.is_contiguous();
+    };
+    TORCH_CHECK(s.size() == 3 && is(s[0], at::kLong, {3, n}) &&
+                    is(s[1], at::kInt, {max_segments(n, m)}) &&
+                    is(s[2], at::kInt, {max_heavy_rows(m)}),
+                "schedule must be csr_schedule(rowptr, col) of this graph (3 tensors on ",
+                rowptr.device(), " for ", n, " rows and ", m, " edges), got ", s.size(),
+                " tensors: pass csr_schedule(rowptr, col)");
+  }
+  Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList s) const {
+    Csr csr;
+    csr.rowptr = rowptr.contiguous();
+    csr.n = num_rows(rowptr);
+    csr.col = index32(col, csr.n);
+    csr.m = col.numel();
+    csr.incl = s[0];
+    csr.segment_row = s[1];
+    csr.heavy_row = s[2];
+    return csr;
+  }
 
   at::Tensor row_sums(const at::Tensor& rowptr, const at::Tensor& values) const {
     const int64_t n = num_rows(rowptr);
@@ -126,7 +155,7 @@ class DevicePasses {
   void edge_weights(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
                     at::Tensor& kappa) const {
     const int vec = vector_width(edges.p.scalar_type(), {edges.p.size(1)}, {&edges.p, &edges.q});
-    RowPass pass(csr, 0, edges.p.size(1), true, false, vec, edges.p.options());
+    RowPass pass(csr, 0, edges.p.size(1), true, RowPass::Sums::kNone, vec, edges.p.options());
     set_neural(pass, edges, w, kappa);
     pass.run(at::Tensor(), at::Tensor(), stream());
   }
@@ -137,7 +166,7 @@ class DevicePasses {
     const int64_t d = step.b.size(1), h = edges.p.size(1);
     const int vec = vector_width(step.b.scalar_type(), {d, h},
                                  {&step.b, &z.current, &z.next, &edges.p, &edges.q});
-    RowPass pass(csr, d, h, true, true, vec, step.b.options());
+    RowPass pass(csr, d, h, true, RowPass::Sums::kNorms, vec, step.b.options());
     set_neural(pass, edges, w, kappa);
     pass.chi = step.chi;
     pass.inv_mu = step.inv_mu;
@@ -150,6 +179,16 @@ class DevicePasses {
   void row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
                 const at::Tensor& out) const {
     cached_pass(csr, map, y, out, false).run(y, out, stream());
+  }
+
+  void row_product(const Csr& csr, const RowMap& map, const at::Tensor& y, const at::Tensor& out,
+                   const at::Tensor& done, const at::Tensor& dots) const {
+    const int64_t d = y.size(1);
+    const int vec = vector_width(map.w.scalar_type(), {d}, {&y, &out});
+    RowPass pass(csr, d, 0, false, RowPass::Sums::kDots, vec, map.w.options());
+    pass.map = map;
+    pass.done = done.data_ptr<double>();
+    pass.product(y, out, dots, stream());
   }
 
   RowStep row_step(const Csr& csr, const RowMap& map, const Iterates& y,
@@ -204,7 +243,8 @@ class DevicePasses {
                       const at::Tensor& out, bool norms) const {
     const int64_t d = y.size(1);
     const int vec = vector_width(map.w.scalar_type(), {d}, {&map.b, &y, &out});
-    RowPass pass(csr, d, 0, false, norms, vec, map.w.options());
+    RowPass pass(csr, d, 0, false, norms ? RowPass::Sums::kNorms : RowPass::Sums::kNone, vec,
+                 map.w.options());
     pass.map = map;
     return pass;
   }

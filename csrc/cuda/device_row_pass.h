@@ -20,20 +20,26 @@ namespace DIGNN_SIMT_NS {
 
 class RowPass {
  public:
+  // What a pass adds up besides its output: nothing, the per-block step norms of a solve (see
+  // finalize), or the row product's dots (see product).
+  enum class Sums { kNone, kNorms, kDots };
+
   // d: channels of the iterates (0: only the neural weights); neural: the weights are made in
-  // the pass from `edges` (h channels of p, q); norms: the pass also writes its per-block step
-  // norms (a solve, see finalize); vec: elements per channel vector (vector_width); opts: of
-  // the compute dtype (the iterates may be stored in 16 bits, launch.h).
-  RowPass(const DeviceCsr& csr, int64_t d, int64_t h, bool neural, bool norms, int vec,
+  // the pass from `edges` (h channels of p, q); vec: elements per channel vector
+  // (vector_width); opts: of the compute dtype (the iterates may be stored in 16 bits,
+  // launch.h).
+  RowPass(const DeviceCsr& csr, int64_t d, int64_t h, bool neural, Sums sums, int vec,
           const at::TensorOptions& opts)
       : csr_(csr), d_(d), h_(h), neural_(neural), dtype_(opts.dtype().toScalarType()) {
     plan_ = plan_pass(csr.n, csr.m, std::max(d, neural ? h : int64_t(0)) / vec, vec);
     partial_ = at::empty({max_heavy_slots(csr.m) * std::max<int64_t>(d, 1)}, opts);
     if (neural) partial_kappa_ = at::empty({max_heavy_slots(csr.m)}, opts);
-    if (norms) {
-      const auto dopts = opts.dtype(at::kDouble);
+    const auto dopts = opts.dtype(at::kDouble);
+    if (sums == Sums::kNorms) {
       main_norms_ = at::empty({std::max<int64_t>(plan_.main_blocks, 1), 2}, dopts);
       combine_norms_ = at::empty({std::max<int64_t>(plan_.combine_blocks, 1), 2}, dopts);
+    } else if (sums == Sums::kDots) {
+      main_dots_ = at::empty({plan_.main_blocks, d}, dopts);
     }
   }
 
@@ -44,6 +50,7 @@ class RowPass {
   at::Tensor chi;              // neural step: (cy, rs) = row_coefficients(chi, kappa, inv_mu)
   double inv_mu = 0.0;
   const int32_t* converged = nullptr;  // a solve's flag: once set, out = y
+  const double* done = nullptr;        // the row product's (cg's) flag: once set, no writes
 
   // out = b + cy y + rs (W y), or only the neural weights when y is undefined. y and out in
   // the compute dtype, or (cached weights, float32 compute) both in one 16-bit dtype.
@@ -58,6 +65,20 @@ class RowPass {
                            check_status(launch_row_pass<T, S>(args<T, S>(y, out), stream),
                                         "row_pass");
                          });
+  }
+
+  // The row product (Sums::kDots; done set): out = cy y + rs (W y) and dots[c] = sum_i out_ic
+  // y_ic (in the compute dtype, summed in float64), nothing written and dots 0 once done.
+  void product(const at::Tensor& y, const at::Tensor& out, const at::Tensor& dots,
+               simt::Stream stream) const {
+    run(y, out, stream);
+    AT_DISPATCH_FLOATING_TYPES(dtype_, "row_product_dots", [&] {
+      check_status(launch_row_product_dots<scalar_t>(
+                       main_dots_.data_ptr<double>(), plan_.main_blocks, csr_.schedule(),
+                       y.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), d_, done,
+                       dots.data_ptr<scalar_t>(), stream),
+                   "row_product_dots");
+    });
   }
 
   // The solve's stats and flag from this pass's norms, at iteration `iteration` (last: see
@@ -104,6 +125,8 @@ class RowPass {
     A.converged = converged;
     A.main_norms = data_or_null<double>(main_norms_);
     A.combine_norms = data_or_null<double>(combine_norms_);
+    A.done = done;
+    A.dots = data_or_null<double>(main_dots_);
     A.plan = plan_;
     return A;
   }
@@ -113,7 +136,7 @@ class RowPass {
   bool neural_;
   at::ScalarType dtype_;
   PassPlan plan_;
-  at::Tensor partial_, partial_kappa_, main_norms_, combine_norms_;
+  at::Tensor partial_, partial_kappa_, main_norms_, combine_norms_, main_dots_;
 };
 
 }  // namespace DIGNN_SIMT_NS

@@ -102,6 +102,12 @@ inline PassPlan plan_pass(int64_t n, int64_t m, int64_t widest_vecs, int vec) {
 // With `converged` set on the device, the pass only carries y forward (out = y) and adds nothing
 // to the norms; the weights of a neural pass are still made. y and out are stored as S (a
 // 16-bit S only with cached weights).
+// The row product of a cg solve (`dots` set; cached weights, S == T, b null: b = 0): each launch
+// of the segment kernel makes the channels of one channel block (`channel_block`, of
+// G * kCudaVecsPerLane vectors), with the block's per-channel sums of out_i y_i over its rows
+// other than heavy ones (in float64, the products exact) in dots[block][channel];
+// launch_row_product_dots adds them up with the heavy rows' products. Once the float64 flag
+// `done` is set (cg's flags), the kernels write nothing.
 template <typename T, typename S = T>
 struct RowPassArgs {
   bool neural = false;  // neural weights made in the pass (else cached w)
@@ -130,6 +136,9 @@ struct RowPassArgs {
   const int32_t* converged = nullptr;
   double* main_norms = nullptr;     // [main_blocks][2]: ||out - y||^2, ||out||^2 (or null)
   double* combine_norms = nullptr;  // [combine_blocks][2]
+  const double* done = nullptr;     // row product: a cg solve's flag
+  double* dots = nullptr;           // row product: [main_blocks][d]
+  int64_t channel_block = 0;        // row product: the channel block of this launch
   PassPlan plan{};
 };
 
@@ -202,6 +211,14 @@ int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Str
 // tol^2 sum out) from the block sums of one step, unless `converged` was already set. `last`:
 // the wide last iteration of a 16-bit solve (csrc/ops/solve.h), whose stats are written in
 // any case, as iteration stats[0] + 1 (the one after the solve stopped) if it had converged.
+// The row product's dots (RowPassArgs) from the block table of its pass and its output p (y:
+// its input): result[c] = the sum over the main_blocks rows of `dots`, then of p_ic y_ic over
+// the heavy rows i of the schedule (their number read on the device; few: each has more than
+// kSegmentEdges edges), in that fixed order; 0 once the flag `done` is set.
+template <typename T>
+int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleView sched,
+                            const T* y, const T* p, int64_t d, const double* done, T* result,
+                            simt::Stream stream);
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
                          int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
                          double tol, bool last, simt::Stream stream);

@@ -24,18 +24,47 @@ DIGNN_DEV void carry_row(const S* y_i, S* out_i, int64_t nvec, int lane) {
   }
 }
 
+// The row product's sums of one block (RowPassArgs): lane_dots holds out_ic y_ic of the lane's
+// channels of its group's row (0 where it has none: a heavy row's segment, no segment); they
+// are summed over the groups in group order, per channel of the launch's channel block, into
+// the block's row of the dots table. Every thread of the block must call it.
+template <int kGroups, int G, int V>
+DIGNN_DEV void store_block_dots(const double (&lane_dots)[kCudaVecsPerLane][V], int lane,
+                                int group_in_block, int64_t first_channel, int64_t d,
+                                double* dots) {
+  constexpr int kWidth = G * kCudaVecsPerLane * V;  // channels of one channel block
+  DIGNN_SHARED double s_dots[kGroups][kWidth];
+  DIGNN_UNROLL
+  for (int t = 0; t < kCudaVecsPerLane; ++t) {
+    DIGNN_UNROLL
+    for (int c = 0; c < V; ++c) s_dots[group_in_block][(lane + t * G) * V + c] = lane_dots[t][c];
+  }
+  simt::sync_block();
+  const int64_t count = min_of<int64_t>(kWidth, d - first_channel);
+  for (int64_t k = simt::thread_idx(); k < count; k += kCudaBlockThreads) {
+    double sum = 0.0;
+    for (int g = 0; g < kGroups; ++g) sum += s_dots[g][k];
+    dots[simt::block_idx() * d + first_channel + k] = sum;
+  }
+}
+
 // One segment (a whole row, or a part of a heavy row) per group of G lanes; iterates stored as
-// S (16-bit S: cached weights only).
-template <typename T, typename S, int V, int G, bool kNeural>
+// S (16-bit S: cached weights only). kDots: the row product (RowPassArgs), one channel block.
+template <typename T, typename S, int V, int G, bool kNeural, bool kDots>
 DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   static_assert(G % kCudaRowUnroll == 0, "a batch of edges lies within the group's G edges");
+  static_assert(!(kDots && kNeural), "the row product has cached weights");
+  if (kDots && *A.done != 0.0) return;  // the whole grid returns: nothing written
   const Group<G> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / G;
   const int64_t segment = simt::block_idx() * kGroups + group_in_block;
   T row_diff = T(0), row_out = T(0);
+  double lane_dots[kCudaVecsPerLane][V] = {};  // kDots: out_ic y_ic of the lane's channels
+  // The channel blocks of this launch: all, or the row product's one.
+  const int64_t cb_first = kDots ? A.channel_block * kBlockVecs : 0;
 
   if (segment < sched_total(A.sched, kScheduleSegments)) {
     const Segment sg = resolve_segment(A.sched, A.rowptr, segment);
@@ -60,7 +89,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
       // Channel blocks of G * kCudaVecsPerLane vectors (one block unless d is wide). The neural
       // weights are made in the first; later blocks read them back (each lane reads the
       // edges it wrote itself).
-      for (int64_t cb = 0; cb == 0 || cb < nvec; cb += kBlockVecs) {
+      for (int64_t cb = cb_first; cb == cb_first || (!kDots && cb < nvec); cb += kBlockVecs) {
         const bool make_w = kNeural && cb == 0;
         Pack<T, V> acc[kCudaVecsPerLane];
         DIGNN_UNROLL
@@ -158,15 +187,21 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
           }
         }
         if (nvec > 0) {
-          if (!heavy) {  // out_i = b_i + cy y_i + rs (W y)_i, and the step norms
-            const T* b_i = A.b + i * d;
+          if (!heavy) {  // out_i = b_i + cy y_i + rs (W y)_i, and the step norms (or dots)
+            const T* b_i = kDots ? nullptr : A.b + i * d;  // the row product has none
             DIGNN_UNROLL
             for (int t = 0; t < kCudaVecsPerLane; ++t) {
               const int64_t vi = cb + lane + t * G;
               if (vi < nvec) {
                 const Pack<T, V> yi = load_ro_as<T, V>(y_i + vi * V);
                 Pack<T, V> o = yi;
-                if (!carry) {
+                if (kDots) {  // b = 0
+                  DIGNN_UNROLL
+                  for (int c = 0; c < V; ++c) {
+                    o.v[c] = cy * yi.v[c] + rs * acc[t].v[c];
+                    lane_dots[t][c] = static_cast<double>(o.v[c]) * yi.v[c];
+                  }
+                } else if (!carry) {
                   const Pack<T, V> bi = load_ro<T, V>(b_i + vi * V);
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) o.v[c] = bi.v[c] + cy * yi.v[c] + rs * acc[t].v[c];
@@ -201,12 +236,18 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
     store_block_norms<kGroups>(static_cast<double>(row_diff), static_cast<double>(row_out),
                                lane, group_in_block, A.main_norms);
   }
+  if constexpr (kDots) {
+    store_block_dots<kGroups, G, V>(lane_dots, lane, group_in_block, cb_first * V, A.d,
+                                    A.dots);
+  }
 }
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
-template <typename T, typename S, bool kNeural>
+// kDots: the row product (RowPassArgs), every channel.
+template <typename T, typename S, bool kNeural, bool kDots>
 DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / 32;
+  if (kDots && *A.done != 0.0) return;  // the whole grid returns: nothing written
   const Group<32> grp;
   const int lane = grp.lane;
   const int group_in_block = simt::thread_idx() / 32;
@@ -238,7 +279,11 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
     for (int64_t c = lane; c < d; c += 32) {
       const T yi = static_cast<T>(A.y[i * d + c]);
       T o = yi;
-      if (!carry) {
+      if (kDots) {  // b = 0; the dots of the row: launch_row_product_dots
+        T acc = T(0);
+        for (int64_t s = 0; s < nseg; ++s) acc += A.partial[(slot0 + s) * d + c];
+        o = cy * yi + rs * acc;
+      } else if (!carry) {
         T acc = T(0);
         for (int64_t s = 0; s < nseg; ++s) acc += A.partial[(slot0 + s) * d + c];
         o = A.b[i * d + c] + cy * yi + rs * acc;
@@ -258,22 +303,35 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
   }
 }
 
-// The segment kernel, then the heavy-row kernel. The neural kernels are compiled for S == T
-// only.
+// The segment kernel (the row product: once per channel block), then the heavy-row kernel.
+// The neural kernels and the row product's are compiled for S == T only.
 template <typename T, typename S>
 int launch_row_pass(const RowPassArgs<T, S>& A, simt::Stream stream) {
-  constexpr bool kNeuralToo = std::is_same<S, T>::value;
-  if (A.neural && !kNeuralToo) return 1;  // cudaErrorInvalidValue: no 16-bit neural kernels
-  const bool neural = kNeuralToo && A.neural;
+  constexpr bool kSame = std::is_same<S, T>::value;
+  if ((A.neural || A.dots != nullptr) && !kSame) return 1;  // cudaErrorInvalidValue
+  const bool neural = kSame && A.neural;
+  const bool dots = kSame && A.dots != nullptr;
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
-    const auto kernel = neural ? &row_pass_kernel<T, S, V, G, kNeuralToo>
-                               : &row_pass_kernel<T, S, V, G, false>;
+    if (dots) {
+      const int64_t nvec = A.d / V;
+      RowPassArgs<T, S> B = A;
+      for (B.channel_block = 0; B.channel_block * G * kCudaVecsPerLane < nvec;
+           ++B.channel_block) {
+        const int s = simt::launch(&row_pass_kernel<T, S, V, G, false, kSame>,
+                                   A.plan.main_blocks, kCudaBlockThreads, stream, B);
+        if (s != 0) return s;
+      }
+      return 0;
+    }
+    const auto kernel = neural ? &row_pass_kernel<T, S, V, G, kSame, false>
+                               : &row_pass_kernel<T, S, V, G, false, false>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;
-  const auto combine =
-      neural ? &row_combine_kernel<T, S, kNeuralToo> : &row_combine_kernel<T, S, false>;
+  const auto combine = neural ? &row_combine_kernel<T, S, kSame, false>
+                              : (dots ? &row_combine_kernel<T, S, false, kSame>
+                                      : &row_combine_kernel<T, S, false, false>);
   return simt::launch(combine, A.plan.combine_blocks, kCudaBlockThreads, stream, A);
 }
 

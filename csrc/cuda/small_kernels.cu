@@ -43,11 +43,22 @@ int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* 
                       static_cast<int32_t>(last));
 }
 
+template <typename T>
+int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleView sched,
+                            const T* y, const T* p, int64_t d, const double* done, T* result,
+                            simt::Stream stream) {
+  return simt::launch(&row_product_dots_kernel<T>, d, kCudaReduceThreads, stream, dots,
+                      main_blocks, sched, y, p, d, done, result);
+}
+
 #define DIGNN_SMALL_KERNELS(T)                                                              \
   template int launch_row_coefficients<T>(const T*, const T*, T, int64_t, T*, T*,           \
                                           simt::Stream);                                    \
   template int launch_row_sums<T>(const int64_t*, const T*, int64_t, T*, simt::Stream);     \
-  template int launch_sum_squares<T>(const T*, int64_t, double*, simt::Stream);
+  template int launch_sum_squares<T>(const T*, int64_t, double*, simt::Stream);          \
+  template int launch_row_product_dots<T>(const double*, int64_t, ScheduleView, const T*, \
+                                          const T*, int64_t, const double*, T*,           \
+                                          simt::Stream);
 DIGNN_SMALL_KERNELS(float)
 DIGNN_SMALL_KERNELS(double)
 #undef DIGNN_SMALL_KERNELS

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "ops/checks.h"
 #include "ops/passes.h"
@@ -105,6 +106,40 @@ at::Tensor csr_fma(const at::Tensor& rowptr, const at::Tensor& col, const at::Te
     stored_row_pass(passes, passes.csr(rowptr.contiguous(), col), map, y.contiguous(), out);
   }
   return out;
+}
+
+// The work schedule of a CSR as the backend's kernels read it (on the GPU: its segments and
+// heavy rows, csrc/cuda/device_csr.h; none on the CPU), made once for the ops that take it
+// instead of making it anew in every call.
+template <typename Passes>
+std::vector<at::Tensor> csr_schedule(const at::Tensor& rowptr, const at::Tensor& col) {
+  check_csr(rowptr, col, "rowptr", "col");
+  if (num_rows(rowptr) == 0) return {};
+  return Passes::schedule_of(Passes(rowptr).csr(rowptr.contiguous(), col));
+}
+
+// cg's sweep w = A u with its dot products delta = w.u (the pass interface's row product,
+// dignn_kernels/backends/interface.py): out = cy.y + rs.(W y) and dots[c] = sum_i out_ic y_ic,
+// on the graph's csr_schedule; nothing written and dots 0 once done[0] != 0.
+template <typename Passes>
+at::Tensor row_product(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
+                       const at::Tensor& cy, const at::Tensor& rs, at::TensorList schedule,
+                       const at::Tensor& y, const at::Tensor& out, const at::Tensor& done) {
+  const int64_t n = check_row_product_args(rowptr, col, w, cy, rs, y, out, done);
+  if (n == 0) {
+    TORCH_CHECK(schedule.empty(), "schedule must be csr_schedule(rowptr, col) of this graph "
+                "(no tensors for no rows), got ", schedule.size(), " tensors");
+  } else {
+    Passes::check_schedule(schedule, rowptr, col.numel());
+  }
+  const int64_t d = y.size(1);
+  if (n == 0 || d == 0) return at::zeros({d}, w.options());
+  at::Tensor dots = at::empty({d}, w.options());
+  const Passes passes(y);
+  passes.row_product(passes.csr_with(rowptr, col, schedule),
+                     RowMap{w.contiguous(), at::Tensor(), cy.contiguous(), rs.contiguous()},
+                     y.contiguous(), out, done, dots);
+  return dots;
 }
 
 // One forward step with cached weights: x - (1/mu) Delta z.

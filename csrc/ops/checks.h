@@ -229,6 +229,38 @@ inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& co
   return n;
 }
 
+// row_product: the graph and the map (w, cy, rs) in one compute dtype (no 16-bit storage), y
+// of that dtype, out a second contiguous buffer like y, done a float64 flag; returns n. (The
+// schedule's shapes: Passes::check_schedule.)
+inline int64_t check_row_product_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                      const at::Tensor& w, const at::Tensor& cy,
+                                      const at::Tensor& rs, const at::Tensor& y,
+                                      const at::Tensor& out, const at::Tensor& done) {
+  const int64_t n = check_graph_signal(rowptr, col, w, "w");
+  check_compute_dtype(w, "w");
+  check_values(w, "w", {col.numel()}, w, rowptr);
+  check_values(cy, "cy", {n}, w, rowptr);
+  check_values(rs, "rs", {n}, w, rowptr);
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == n && y.scalar_type() == w.scalar_type() &&
+                  y.device() == rowptr.device(),
+              "y must be a [", n, ", d] tensor of w's dtype ", w.scalar_type(), " on ",
+              rowptr.device(), ", got ", y.sizes(), ", ", y.scalar_type(), ", ", y.device());
+  TORCH_CHECK(out.sizes() == y.sizes() && out.scalar_type() == y.scalar_type() &&
+                  out.device() == y.device() && out.is_contiguous(),
+              "out must be a contiguous buffer like y (", y.sizes(), ", ", y.scalar_type(), ", ",
+              y.device(), "), got ", out.sizes(), ", ", out.scalar_type(), ", ", out.device(),
+              out.is_contiguous() ? "" : " (not contiguous)", ": pass torch.empty_like(y)");
+  TORCH_CHECK(y.numel() == 0 || out.data_ptr() != y.data_ptr(),
+              "out must not be y: the sweep reads y's neighbour rows while it writes out; pass "
+              "a second buffer");
+  TORCH_CHECK(done.numel() >= 1 && done.scalar_type() == at::kDouble &&
+                  done.device() == y.device(),
+              "done must be a float64 flag tensor on ", y.device(),
+              " (its first element nonzero once the solve is done), got ", done.sizes(), ", ",
+              done.scalar_type(), " on ", done.device());
+  return n;
+}
+
 // z, v, p and q may be stored in 16 bits (then a holds the compute dtype, that of the
 // gradients).
 inline Transposed check_neural_weight_grad_args(

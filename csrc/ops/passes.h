@@ -10,6 +10,11 @@
 //     using RowStep = ...;   // the row pass of a solve: RowStep::run(const Iterates&, t)
 //
 //     Csr csr(const at::Tensor& rowptr, const at::Tensor& col) const;  // (n > 0)
+//     // The work schedule of a Csr as tensors (the op csr_schedule; none on the CPU), their
+//     // shape check, and the Csr made with them instead of anew.
+//     static std::vector<at::Tensor> schedule_of(const Csr&);
+//     static void check_schedule(at::TensorList schedule, const at::Tensor& rowptr, int64_t m);
+//     Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList) const;
 //     at::Tensor row_sums(const at::Tensor& rowptr, const at::Tensor& values) const;
 //     // (cy, ca) per row: row_coefficients of laplacian_math.h
 //     std::pair<at::Tensor, at::Tensor> coefficients(chi, kappa, double inv_mu) const;
@@ -23,6 +28,12 @@
 //     // The row pass (the op csr_fma), RowMap. y and out may be stored in bfloat16 or float16
 //     // when the compute dtype (w's) is float32 (csrc/ops/storage.h).
 //     void row_pass(const Csr&, const RowMap&, const at::Tensor& y, const at::Tensor& out) const;
+//     // The row product of a cg sweep (the op row_product): out = cy.y + rs.(W y) (map.b
+//     // undefined: 0) and dots[c] = sum_i out_ic y_ic, with the exact products summed in
+//     // float64 and dots in the compute dtype; once the float64 flag done[0] is nonzero,
+//     // nothing is written to out and dots are 0. y and out in the compute dtype.
+//     void row_product(const Csr&, const RowMap&, const at::Tensor& y, const at::Tensor& out,
+//                      const at::Tensor& done, const at::Tensor& dots) const;
 //     // The row pass of a solve: its run(y, t) writes y.next from y.current and records the
 //     // step in the residual it was made with.
 //     RowStep row_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;

@@ -17,6 +17,8 @@ void for_each_kernel(Add&& add) {
   add("neural_edge_weights_backward", &neural_edge_weights_backward<Passes>);
   add("diffusion_step", &diffusion_step<Passes>);
   add("csr_fma", &csr_fma<Passes>);
+  add("csr_schedule", &csr_schedule<Passes>);
+  add("row_product", &row_product<Passes>);
   add("neural_weight_grad", &neural_weight_grad<Passes>);
   add("implicit_diffusion", &implicit_diffusion<Passes>);
   add("implicit_diffusion_backward", &implicit_diffusion_backward<Passes>);

@@ -30,6 +30,14 @@ TORCH_LIBRARY(dignn, m) {
   // cy and rs per row (any linear fixed-point or Krylov iteration on the Laplacian).
   m.def("csr_fma(Tensor rowptr, Tensor col, Tensor w, Tensor y, Tensor b, Tensor cy, "
         "Tensor rs) -> Tensor");
+  // The work schedule of a CSR as the kernels of the tensors' device read it (csrc/ops/
+  // building_blocks.h; none on the CPU), made once for the ops that take it.
+  m.def("csr_schedule(Tensor rowptr, Tensor col) -> Tensor[]");
+  // cg's sweep with its dot products: out = cy * y + rs * (W y) and dots = the sum over rows
+  // of out * y per channel, on the graph's csr_schedule; nothing written (dots 0) once the
+  // float64 flag done[0] is nonzero.
+  m.def("row_product(Tensor rowptr, Tensor col, Tensor w, Tensor cy, Tensor rs, "
+        "Tensor[] schedule, Tensor y, Tensor(a!) out, Tensor done) -> Tensor");
   // Fused gradient pass: dl/dp, dl/dq from the adjoint v and the equilibrium z,
   // with G_ij = v_i . (z_j - z_i).
   m.def("neural_weight_grad(Tensor rowptr, Tensor col, Tensor a, Tensor p, Tensor q, "
@@ -65,7 +73,8 @@ TORCH_LIBRARY(dignn, m) {
 
 TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
   for (const char* name : {"check_graph", "neural_edge_weights_backward", "diffusion_step",
-                           "csr_fma", "neural_weight_grad", "implicit_diffusion_backward"}) {
+                           "csr_fma", "csr_schedule", "row_product",
+                           "neural_weight_grad", "implicit_diffusion_backward"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

@@ -20,12 +20,22 @@ thread) a bfloat16 cached sweep takes 0.75 of a float32 one: the gathers of neig
 move half the bytes (bench/results/cpu_cornell5_storage16.json). The CUDA kernels' 16-bit
 passes have been verified in the kernels' host emulator only (tests/test_cuda_emulated.py),
 not yet timed on a GPU (bench/test_gpu_speed.py::test_storage_dtype_step).
+
+cg (the solvers' loop, on both) takes the row product of the ops ``csr_schedule`` and
+``row_product`` on the GPU only: the CSR's schedule made once per solve, not once per sweep as
+``csr_fma`` makes it, and w.u summed in the sweep's epilogue (a table of per-block sums and one
+small kernel), not in a second pass over w and u. On the CPU, where the host reads every value
+anyway, that dot product is under 3% of a cg iteration (cornell5, one thread): the CPU backend
+keeps cg on ``csr_fma`` and its own dot product; its ``row_product`` kernel exists for the op's
+callers and tests.
 """
+from functools import partial
+
 import torch
 
 from .interface import STORAGE_DTYPES, Backend, FusedSolve
 
-__all__ = ["CPU", "CUDA"]
+__all__ = ["CPU", "CUDA", "prepared_row_product"]
 
 _ops = torch.ops.dignn
 
@@ -33,6 +43,15 @@ _ops = torch.ops.dignn
 def _cuda_built() -> bool:
     from .. import _build_info
     return bool(_build_info.WITH_CUDA)
+
+
+def prepared_row_product(ops):
+    """The pass interface's row product over the ops ``csr_schedule`` and ``row_product`` of
+    ``ops`` (torch.ops.dignn, or the tests' emulated build): the schedule made once per solve,
+    each sweep one op call."""
+    def row_product(rowptr, col, w, cy, rs):
+        return partial(ops.row_product, rowptr, col, w, cy, rs, ops.csr_schedule(rowptr, col))
+    return row_product
 
 
 _FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward,
@@ -48,4 +67,4 @@ CUDA = Backend(name="cuda",
                and torch.cuda.is_available(),
                neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
                gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
-               storage_dtypes=STORAGE_DTYPES)
+               storage_dtypes=STORAGE_DTYPES, row_product=prepared_row_product(_ops))

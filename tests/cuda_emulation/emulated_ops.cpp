@@ -23,5 +23,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_graph", &dignn::ops::check_graph<Passes>, py::arg("rowptr"), py::arg("col"),
         py::arg("num_nodes"), py::arg("t_rowptr") = py::none(), py::arg("t_col") = py::none(),
         py::arg("t_perm") = py::none());
+  // row_product's schedule from a Python list (pybind has no caster for at::TensorList)
+  m.def("row_product", [](const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
+                          const at::Tensor& cy, const at::Tensor& rs,
+                          const std::vector<at::Tensor>& schedule, const at::Tensor& y,
+                          const at::Tensor& out, const at::Tensor& done) {
+    return dignn::ops::row_product<Passes>(rowptr, col, w, cy, rs, schedule, y, out, done);
+  });
   m.attr("segment_edges") = dignn::emulated::kSegmentEdges;
 }
