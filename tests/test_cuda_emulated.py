@@ -170,6 +170,20 @@ def test_row_product_is_the_row_pass_with_its_dots(emu, kind, d, dtype):
                       context=f"{kind} d={d} {dtype}")
 
 
+def test_row_product_with_int64_columns(emu):
+    check_row_product(emu, graph_case("hub", n=40, d=8, col_dtype=torch.int64), "cpu",
+                      exact=True)
+    case = graph_case("hub", n=40, d=8, col_dtype=torch.int64)
+    product = compiled.prepared_row_product(emu)(case.rowptr, case.col, case.w, case.cy,
+                                                 case.rs)
+    assert product.args[1].dtype == torch.int32  # made int32 once, not in every sweep
+    out = torch.empty_like(case.z)
+    dots = product(case.z, out, torch.zeros(1, dtype=torch.float64))
+    assert torch.equal(out, emu.csr_fma(case.rowptr, case.col, case.w, case.z,
+                                        torch.zeros_like(case.z), case.cy, case.rs))
+    assert torch.allclose(dots, (out * case.z).sum(0), rtol=1e-12)
+
+
 def test_row_product_argument_errors(emu):
     check_row_product_errors(emu, "cpu")
 

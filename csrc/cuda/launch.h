@@ -211,14 +211,14 @@ int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Str
 // tol^2 sum out) from the block sums of one step, unless `converged` was already set. `last`:
 // the wide last iteration of a 16-bit solve (csrc/ops/solve.h), whose stats are written in
 // any case, as iteration stats[0] + 1 (the one after the solve stopped) if it had converged.
-// The row product's dots (RowPassArgs) from the block table of its pass and its output p (y:
-// its input): result[c] = the sum over the main_blocks rows of `dots`, then of p_ic y_ic over
+// The row product's dots (RowPassArgs) from the block table of its pass, its input y and its
+// output out: result[c] = the sum over the main_blocks rows of `dots`, then of out_ic y_ic over
 // the heavy rows i of the schedule (their number read on the device; few: each has more than
 // kSegmentEdges edges), in that fixed order; 0 once the flag `done` is set.
 template <typename T>
 int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleView sched,
-                            const T* y, const T* p, int64_t d, const double* done, T* result,
-                            simt::Stream stream);
+                            const T* y, const T* out, int64_t d, const double* done,
+                            T* result, simt::Stream stream);
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
                          int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
                          double tol, bool last, simt::Stream stream);

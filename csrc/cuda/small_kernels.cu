@@ -45,10 +45,10 @@ int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* 
 
 template <typename T>
 int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleView sched,
-                            const T* y, const T* p, int64_t d, const double* done, T* result,
+                            const T* y, const T* out, int64_t d, const double* done, T* result,
                             simt::Stream stream) {
   return simt::launch(&row_product_dots_kernel<T>, d, kCudaReduceThreads, stream, dots,
-                      main_blocks, sched, y, p, d, done, result);
+                      main_blocks, sched, y, out, d, done, result);
 }
 
 #define DIGNN_SMALL_KERNELS(T)                                                              \

@@ -163,12 +163,12 @@ DIGNN_KERNEL(kFinalizeThreads) finalize_step_kernel(const double* norms_a, int64
 }
 
 // The row product's dots (launch_row_product_dots, launch.h): one block per channel c sums
-// column c of the block table, then p_ic y_ic of the heavy rows, thread t taking the entries
+// column c of the block table, then out_ic y_ic of the heavy rows, thread t taking the entries
 // t, t + kCudaReduceThreads, ... of each, then the fixed tree of block_sum2.
 template <typename T>
 DIGNN_KERNEL(kCudaReduceThreads) row_product_dots_kernel(const double* dots, int64_t main_blocks,
                                                          const ScheduleView sched, const T* y,
-                                                         const T* p, int64_t d,
+                                                         const T* out, int64_t d,
                                                          const double* done, T* result) {
   const int64_t c = simt::block_idx();
   const int t = simt::thread_idx();
@@ -178,7 +178,7 @@ DIGNN_KERNEL(kCudaReduceThreads) row_product_dots_kernel(const double* dots, int
     const int64_t heavy = sched_total(sched, kScheduleHeavyRows);
     for (int64_t r = t; r < heavy; r += kCudaReduceThreads) {
       const int64_t i = sched.heavy_row[r];
-      sum += static_cast<double>(p[i * d + c]) * y[i * d + c];
+      sum += static_cast<double>(out[i * d + c]) * y[i * d + c];
     }
   }
   block_sum2<kCudaReduceThreads>(sum, unused);

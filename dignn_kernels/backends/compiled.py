@@ -48,8 +48,10 @@ def _cuda_built() -> bool:
 def prepared_row_product(ops):
     """The pass interface's row product over the ops ``csr_schedule`` and ``row_product`` of
     ``ops`` (torch.ops.dignn, or the tests' emulated build): the schedule made once per solve,
-    each sweep one op call."""
+    each sweep one op call (int64 columns made int32 once, which the GPU kernels read)."""
     def row_product(rowptr, col, w, cy, rs):
+        if col.dtype == torch.int64 and rowptr.shape[0] - 1 <= torch.iinfo(torch.int32).max:
+            col = col.to(torch.int32)
         return partial(ops.row_product, rowptr, col, w, cy, rs, ops.csr_schedule(rowptr, col))
     return row_product
 
