@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from .backends import get_backend
-from .backends.schedule import CUDA_SEGMENT_EDGES
 from .backends.registration import register_edge_weights_autograd
+from .backends.schedule import CUDA_SEGMENT_EDGES
 from .checks import check_features, check_graph, check_graph_data, check_scalars, check_values
 from .laplacian import row_coefficients
 

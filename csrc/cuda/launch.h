@@ -207,10 +207,6 @@ int launch_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
 int64_t sum_squares_blocks(int64_t count);
 template <typename T>
 int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream);
-// stats = [iteration, sqrt(sum diff), sqrt(sum diff / sum out)] and converged = (sum diff <=
-// tol^2 sum out) from the block sums of one step, unless `converged` was already set. `last`:
-// the wide last iteration of a 16-bit solve (csrc/ops/solve.h), whose stats are written in
-// any case, as iteration stats[0] + 1 (the one after the solve stopped) if it had converged.
 // The row product's dots (RowPassArgs) from the block table of its pass, its input y and its
 // output out: result[c] = the sum over the main_blocks rows of `dots`, then of out_ic y_ic over
 // the heavy rows i of the schedule (their number read on the device; few: each has more than
@@ -219,6 +215,10 @@ template <typename T>
 int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleView sched,
                             const T* y, const T* out, int64_t d, const double* done,
                             T* result, simt::Stream stream);
+// stats = [iteration, sqrt(sum diff), sqrt(sum diff / sum out)] and converged = (sum diff <=
+// tol^2 sum out) from the block sums of one step, unless `converged` was already set. `last`:
+// the wide last iteration of a 16-bit solve (csrc/ops/solve.h), whose stats are written in
+// any case, as iteration stats[0] + 1 (the one after the solve stopped) if it had converged.
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
                          int64_t blocks_b, double* stats, int32_t* converged, int64_t iteration,
                          double tol, bool last, simt::Stream stream);
