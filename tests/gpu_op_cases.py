@@ -5,6 +5,7 @@ same kernels run by the host emulator of csrc/cuda/simt.cuh). A *runner* is a fu
 ``run(op_name, *args) -> tuple of CPU tensors`` that moves the CPU arguments to its device,
 calls the op there and brings the outputs back.
 """
+import pytest
 import torch
 
 import dignn_kernels as dk
@@ -300,7 +301,6 @@ def check_row_product(ops_ns, case, device, exact, context=""):
 
 def check_row_product_errors(ops_ns, device):
     """Bad arguments of the row product raise naming the argument and the fix."""
-    import pytest
     case = graph_case("symmetric", n=12, d=3)
     rp, cl, w, cy, rs, y = (t.to(device) for t in (case.rowptr, case.col, case.w, case.cy,
                                                    case.rs, case.z))
@@ -331,3 +331,16 @@ def check_row_product_errors(ops_ns, device):
     for args, regex in bad:
         with pytest.raises(RuntimeError, match=regex):
             ops_ns.row_product(rp, cl, *args)
+
+
+def check_row_product_of_nothing(ops_ns):
+    """No rows, or no channels: dots of zeros, out (empty, or of no channels) untouched."""
+    for n, d in ((0, 3), (5, 0)):
+        rowptr = torch.zeros(n + 1, dtype=torch.long)
+        col = torch.zeros(0, dtype=torch.long)
+        w = torch.zeros(0, dtype=torch.float64)
+        ones = torch.ones(n, dtype=torch.float64)
+        y = torch.ones(n, d, dtype=torch.float64)
+        dots = ops_ns.row_product(rowptr, col, w, ones, ones, ops_ns.csr_schedule(rowptr, col),
+                                  y, torch.empty_like(y), torch.zeros(1, dtype=torch.float64))
+        assert torch.equal(dots, torch.zeros(d, dtype=torch.float64))

@@ -22,8 +22,8 @@ from backend_faces import face
 from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inputs, strided
 from conftest import GRAPH_KINDS, make_graph, make_layer, rel_err, thetas
 from gpu_op_cases import (ROW_PRODUCT_CASES, check_against_cpu, check_fused_storage16,
-                          check_row_product, check_row_product_errors, check_storage16,
-                          graph_case)
+                          check_row_product, check_row_product_errors,
+                          check_row_product_of_nothing, check_storage16, graph_case)
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -171,9 +171,8 @@ def test_row_product_is_the_row_pass_with_its_dots(emu, kind, d, dtype):
 
 
 def test_row_product_with_int64_columns(emu):
-    check_row_product(emu, graph_case("hub", n=40, d=8, col_dtype=torch.int64), "cpu",
-                      exact=True)
     case = graph_case("hub", n=40, d=8, col_dtype=torch.int64)
+    check_row_product(emu, case, "cpu", exact=True)
     product = compiled.prepared_row_product(emu)(case.rowptr, case.col, case.w, case.cy,
                                                  case.rs)
     assert product.args[1].dtype == torch.int32  # made int32 once, not in every sweep
@@ -182,6 +181,10 @@ def test_row_product_with_int64_columns(emu):
     assert torch.equal(out, emu.csr_fma(case.rowptr, case.col, case.w, case.z,
                                         torch.zeros_like(case.z), case.cy, case.rs))
     assert torch.allclose(dots, (out * case.z).sum(0), rtol=1e-12)
+
+
+def test_row_product_of_an_empty_graph_or_signal(emu):
+    check_row_product_of_nothing(emu)
 
 
 def test_row_product_argument_errors(emu):

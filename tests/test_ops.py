@@ -7,7 +7,7 @@ from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
 from conftest import make_graph, rel_err, run_per_instruction_set, wide_range_projections
 from gpu_op_cases import (ROW_PRODUCT_CASES, check_row_product, check_row_product_errors,
-                          graph_case)
+                          check_row_product_of_nothing, graph_case)
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
        "csr_schedule", "row_product", "neural_weight_grad", "implicit_diffusion",
@@ -434,13 +434,4 @@ def test_row_product_argument_errors():
 
 
 def test_row_product_of_an_empty_graph_or_signal():
-    """No rows, or no channels: dots of zeros, out (empty, or of no channels) untouched."""
-    for n, d in ((0, 3), (5, 0)):
-        rowptr = torch.zeros(n + 1, dtype=torch.long)
-        col = torch.zeros(0, dtype=torch.long)
-        w = torch.zeros(0, dtype=torch.float64)
-        ones = torch.ones(n, dtype=torch.float64)
-        y = torch.ones(n, d, dtype=torch.float64)
-        dots = ops.row_product(rowptr, col, w, ones, ones, ops.csr_schedule(rowptr, col), y,
-                               torch.empty_like(y), torch.zeros(1, dtype=torch.float64))
-        assert torch.equal(dots, torch.zeros(d, dtype=torch.float64))
+    check_row_product_of_nothing(ops)

@@ -100,18 +100,20 @@ class DevicePasses {
   static std::vector<at::Tensor> schedule_of(const Csr& csr) {
     return {csr.incl, csr.segment_row, csr.heavy_row};
   }
+  // (no rows: no tensors)
   static void check_schedule(at::TensorList s, const at::Tensor& rowptr, int64_t m) {
     const int64_t n = num_rows(rowptr);
     const auto is = [&](const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef shape) {
       return t.scalar_type() == dtype && t.sizes() == shape && t.device() == rowptr.device() &&
              t.is_contiguous();
     };
-    TORCH_CHECK(s.size() == 3 && is(s[0], at::kLong, {3, n}) &&
-                    is(s[1], at::kInt, {max_segments(n, m)}) &&
-                    is(s[2], at::kInt, {max_heavy_rows(m)}),
-                "schedule must be csr_schedule(rowptr, col) of this graph (3 tensors on ",
-                rowptr.device(), " for ", n, " rows and ", m, " edges), got ", s.size(),
-                " tensors: pass csr_schedule(rowptr, col)");
+    TORCH_CHECK(n == 0 ? s.empty()
+                       : s.size() == 3 && is(s[0], at::kLong, {3, n}) &&
+                             is(s[1], at::kInt, {max_segments(n, m)}) &&
+                             is(s[2], at::kInt, {max_heavy_rows(m)}),
+                "schedule must be csr_schedule(rowptr, col) of this graph (", n == 0 ? 0 : 3,
+                " tensors on ", rowptr.device(), " for ", n, " rows and ", m, " edges), got ",
+                s.size(), " tensors: pass csr_schedule(rowptr, col)");
   }
   Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList s) const {
     Csr csr;

@@ -126,12 +126,7 @@ at::Tensor row_product(const at::Tensor& rowptr, const at::Tensor& col, const at
                        const at::Tensor& cy, const at::Tensor& rs, at::TensorList schedule,
                        const at::Tensor& y, const at::Tensor& out, const at::Tensor& done) {
   const int64_t n = check_row_product_args(rowptr, col, w, cy, rs, y, out, done);
-  if (n == 0) {
-    TORCH_CHECK(schedule.empty(), "schedule must be csr_schedule(rowptr, col) of this graph "
-                "(no tensors for no rows), got ", schedule.size(), " tensors");
-  } else {
-    Passes::check_schedule(schedule, rowptr, col.numel());
-  }
+  Passes::check_schedule(schedule, rowptr, col.numel());
   const int64_t d = y.size(1);
   if (n == 0 || d == 0) return at::zeros({d}, w.options());
   at::Tensor dots = at::empty({d}, w.options());
