@@ -84,23 +84,30 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
     return run.row_pass(rowptr, col, w, z, x, cy, ca)
 
 
-def csr_fma(rowptr, col, w, y, b, cy, rs, *, trusted: bool = False,
-            backend: Optional[str] = None) -> Tensor:
+def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = None,
+            trusted: bool = False, backend: Optional[str] = None) -> Tensor:
     """The row pass under every iteration: ``out = b + cy * y + rs * (W y)`` with per-row
     ``cy`` and ``rs`` (n). With b = x, cy = -kappa/(mu chi), rs = 1/(mu chi) it is the forward
     step; on the CSR of W^T with weights W_ij rs_i, the adjoint step; with
-    cy = -(chi + kappa/mu), rs = 1/mu, b = chi x, the residual of (C + L/mu) Z = C X."""
+    cy = -(chi + kappa/mu), rs = 1/mu, b = chi x, the residual of (C + L/mu) Z = C X.
+
+    ``schedule``: the graph's :func:`csr_schedule`, made once for many calls on one graph
+    (a solve's sweeps); None makes it in the call. It is the compiled op's (``backend`` None);
+    the other backends make their own."""
     check_graph_data(trusted, rowptr, col, y)
     run = _backend(backend)
     if run is None:
-        return _ops.csr_fma(rowptr, col, w, y, b, cy, rs)
+        return _ops.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
+    if schedule is not None:
+        raise ValueError(f"schedule is taken by the compiled op (backend=None); backend="
+                         f"{backend!r} makes its own: pass schedule=None")
     return run.row_pass(rowptr, col, w, y, b, cy, rs)
 
 
 def csr_schedule(rowptr: Tensor, col: Tensor) -> List[Tensor]:
     """The work schedule of a CSR as the kernels on its device read it (on a GPU: its segments
     and heavy rows, built on the device without a sync; on the CPU: none), for the ops that
-    take it (:func:`row_product`) instead of building it in every call."""
+    take it (:func:`csr_fma`, :func:`row_product`) instead of building it in every call."""
     return _ops.csr_schedule(rowptr, col)
 
 
@@ -154,7 +161,7 @@ def _(rowptr, col, w, chi, kappa, x, z, mu):
 
 
 @torch.library.register_fake("dignn::csr_fma")
-def _(rowptr, col, w, y, b, cy, rs):
+def _(rowptr, col, w, y, b, cy, rs, schedule=None):
     return torch.empty_like(y)
 
 

@@ -344,3 +344,41 @@ def check_row_product_of_nothing(ops_ns):
         dots = ops_ns.row_product(rowptr, col, w, ones, ones, ops_ns.csr_schedule(rowptr, col),
                                   y, torch.empty_like(y), torch.zeros(1, dtype=torch.float64))
         assert torch.equal(dots, torch.zeros(d, dtype=torch.float64))
+
+
+def check_scheduled_row_pass(ops_ns, case, device, context=""):
+    """``csr_fma`` on the graph's ``csr_schedule`` (a solve's sweeps: made once) is the same
+    op on a schedule made in the call, bit for bit (the same kernels on the same segments),
+    with iterates in the compute dtype and in bfloat16; an empty graph takes its empty
+    schedule."""
+    s = case
+    rp, cl, w, y, b, cy, rs = (t.to(device) for t in (s.rowptr, s.col, s.w, s.z, s.x, s.cy,
+                                                      s.rs))
+    schedule = ops_ns.csr_schedule(rp, cl)
+    ys = [y] + ([y.bfloat16()] if w.dtype == torch.float32 else [])
+    for yy in ys:
+        made = ops_ns.csr_fma(rp, cl, w, yy, b, cy, rs)
+        assert torch.equal(ops_ns.csr_fma(rp, cl, w, yy, b, cy, rs, schedule), made), \
+            (context, yy.dtype)
+    rowptr = torch.zeros(1, dtype=torch.long, device=device)
+    col = torch.zeros(0, dtype=torch.long, device=device)
+    none = torch.zeros(0, dtype=torch.float64, device=device)
+    empty = torch.zeros(0, 3, dtype=torch.float64, device=device)
+    assert ops_ns.csr_fma(rowptr, col, none, empty, empty, none, none,
+                          ops_ns.csr_schedule(rowptr, col)).shape == (0, 3), context
+
+
+def check_scheduled_row_pass_errors(ops_ns, device):
+    """A schedule that is not the graph's raises naming it and the fix."""
+    case = graph_case("symmetric", n=12, d=3)
+    rp, cl, w, y, b, cy, rs = (t.to(device) for t in (case.rowptr, case.col, case.w, case.z,
+                                                      case.x, case.cy, case.rs))
+    schedule = ops_ns.csr_schedule(rp, cl)
+    other = graph_case("hub", n=30, d=3)
+    bad = [schedule + [rp]]
+    if schedule:  # a device with a schedule (the GPU): one of another graph and size
+        bad.append(ops_ns.csr_schedule(other.rowptr.to(device), other.col.to(device)))
+    for wrong in bad:
+        with pytest.raises(RuntimeError, match=r"schedule must be csr_schedule\(rowptr, col\) "
+                                               r"of this graph .*pass csr_schedule"):
+            ops_ns.csr_fma(rp, cl, w, y, b, cy, rs, wrong)

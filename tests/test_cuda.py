@@ -16,7 +16,9 @@ from dignn_kernels import ops, reference, solvers, synthetic
 from dignn_kernels.backends import get_backend
 from conftest import GRAPH_KINDS, LAPLACIANS, make_graph, make_layer, rel_err, thetas
 from gpu_op_cases import (ROW_PRODUCT_CASES, OpInputs, check_against_cpu, check_fused_storage16,
-                          check_row_product, check_row_product_errors, check_storage16,
+                          check_row_product, check_row_product_errors,
+                          check_scheduled_row_pass, check_scheduled_row_pass_errors,
+                          check_storage16,
                           graph_case)
 
 pytestmark = [pytest.mark.cuda,
@@ -152,7 +154,9 @@ def test_opcheck(kind):
                                           c["grad_w"], *t)],
         "diffusion_step": [(c["rowptr"], c["col"], c["w"], c["chi"], c["kappa"], c["x"],
                             c["z"], 2.2)],
-        "csr_fma": [(c["rowptr"], c["col"], c["w"], c["z"], c["x"], c["cy"], c["rs"])],
+        "csr_fma": [(c["rowptr"], c["col"], c["w"], c["z"], c["x"], c["cy"], c["rs"]),
+                    (c["rowptr"], c["col"], c["w"], c["z"], c["x"], c["cy"], c["rs"],
+                     ops.csr_schedule(c["rowptr"], c["col"]))],
         "csr_schedule": [(c["rowptr"], c["col"])],
         "row_product": [(c["rowptr"], c["col"], c["w"], c["cy"], c["rs"],
                          ops.csr_schedule(c["rowptr"], c["col"]), c["z"],
@@ -200,6 +204,43 @@ def test_row_product_is_the_row_pass_with_its_dots(kind, d, dtype):
 
 def test_row_product_argument_errors():
     check_row_product_errors(torch.ops.dignn, DEV)
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES)
+def test_row_pass_on_a_given_schedule(kind, d, dtype):
+    check_scheduled_row_pass(torch.ops.dignn, graph_case(kind, n=300, d=d, dtype=dtype), DEV,
+                             context=f"{kind} d={d} {dtype}")
+
+
+def test_row_pass_schedule_errors():
+    check_scheduled_row_pass_errors(torch.ops.dignn, DEV)
+
+
+def test_anderson_on_the_row_map():
+    """anderson on the CUDA backend's row map (csr_fma on a schedule made once per map)
+    against anderson on the CPU backend, forward and adjoint; its sweeps launch the
+    schedule's counting kernel once per map, not once per sweep."""
+    from torch.profiler import ProfilerActivity, profile
+    ei = power_law_with_hub(n=2000, m=20000, hub_degree=1500)
+    g = dk.build_graph(ei, 2000)
+    w, chi, kappa = g.fixed_laplacian("rw", torch.float64)
+    x = torch.randn(2000, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    cuda = get_backend("cuda")
+    assert cuda.row_map is not None
+    cpu_system = solvers.EquilibriumSystem(get_backend("cpu"), g.rowptr, g.col, w, chi, kappa,
+                                           2.2)
+    gpu_system = solvers.EquilibriumSystem(cuda, *to_dev(g.rowptr, g.col, w, chi, kappa), 2.2)
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        want = solve(cpu_system, x, "anderson", max_iter=60, tol=1e-10)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = solve(gpu_system, x.to(DEV), "anderson", max_iter=60, tol=1e-10)
+            torch.cuda.synchronize()
+        counts = [e.count for e in prof.key_averages() if "schedule_counts_kernel" in e.key]
+        rows = [e.count for e in prof.key_averages() if "row_pass_kernel" in e.key]
+        assert int(got.sweeps) > 5 and sum(rows) >= int(got.sweeps), solve
+        assert sum(counts) == 1, (solve, counts)
+        assert abs(int(got.sweeps) - int(want.sweeps)) <= 1, solve
+        assert rel_err(got.solution.cpu(), want.solution) <= 1e-8, solve
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -23,7 +23,8 @@ from bad_graphs import N, OPS, all_cases, assert_raises_naming, first_line, inpu
 from conftest import GRAPH_KINDS, make_graph, make_layer, rel_err, thetas
 from gpu_op_cases import (ROW_PRODUCT_CASES, check_against_cpu, check_fused_storage16,
                           check_row_product, check_row_product_errors,
-                          check_row_product_of_nothing, check_storage16, graph_case)
+                          check_row_product_of_nothing, check_scheduled_row_pass,
+                          check_scheduled_row_pass_errors, check_storage16, graph_case)
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -220,6 +221,69 @@ def test_cg_on_the_row_product(emu, kind, laplacian, d, dtype):
                 assert torch.allclose(got.stats(), plain.stats(), rtol=1e-3), where
                 if not rhs.any():
                     assert int(got.sweeps) == 0 and not got.solution.any(), where
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES)
+def test_row_pass_on_a_given_schedule(emu, kind, d, dtype):
+    check_scheduled_row_pass(emu, graph_case(kind, n=40, d=d, dtype=dtype), "cpu",
+                             context=f"{kind} d={d} {dtype}")
+
+
+def test_row_pass_schedule_errors(emu):
+    check_scheduled_row_pass_errors(emu, "cpu")
+
+
+class _CountingOps:
+    """The emulated ops, counting the schedules made and checking that every row pass is
+    given one (with int32 columns, made once)."""
+
+    def __init__(self, emu):
+        self.emu, self.schedules, self.passes = emu, 0, 0
+
+    def csr_schedule(self, rowptr, col):
+        self.schedules += 1
+        return self.emu.csr_schedule(rowptr, col)
+
+    def csr_fma(self, rowptr, col, w, y, b, cy, rs, schedule=None):
+        assert schedule is not None and col.dtype == torch.int32
+        self.passes += 1
+        return self.emu.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
+
+
+SYMMETRIC_MAPS = [("hub", "neural", 8, torch.float64), ("zero_rows", "sym", 5, torch.float64)]
+
+
+@pytest.mark.parametrize("solver,kind,laplacian,d,dtype", [
+    *((solver, *case) for solver in ("anderson", "fixed_point", "cg") for case in SYMMETRIC_MAPS),
+    *((solver, "directed", "rw", 6, torch.float32) for solver in ("anderson", "fixed_point")),
+])
+def test_solvers_on_the_row_map(emu, solver, kind, laplacian, d, dtype):
+    """The solvers' loop on the compiled backend's row map over the emulated GPU ops (each
+    sweep csr_fma on a schedule made once per map: one per solve, int64 columns made int32
+    once) gives what it gives on the CPU row pass: the same sweeps and flags, solutions and
+    stats to summation order; forward and adjoint (over W^T on the directed graph)."""
+    case = graph_case(kind, n=40, d=d, dtype=dtype, col_dtype=torch.int64)
+    if laplacian == "neural":
+        w, chi, kappa = case.w, case.chi, case.kappa
+    else:
+        w, chi, kappa = case.graph.fixed_laplacian(laplacian, dtype)
+    transposed = dict(zip(("t_rowptr", "t_col", "t_perm"), case.t_opt))
+    cpu = dataclasses.replace(get_backend("cpu"), fused_solve=None)
+    # float32 residuals near 1e-7 of ||X||: a few ulp, which the sums' order changes by 1%
+    value_tol, stats_tol = (1e-10, 1e-3) if dtype == torch.float64 else (1e-4, 2e-2)
+    for solve in (solvers.solve_forward, solvers.solve_adjoint):
+        counting = _CountingOps(emu)
+        on_map = dataclasses.replace(cpu, row_map=compiled.prepared_row_map(counting))
+        plain, got = (solve(solvers.EquilibriumSystem(backend, case.rowptr, case.col, w, chi,
+                                                      kappa, 2.2, **transposed),
+                            case.x, solver, max_iter=30, tol=1e-6, check_every=1)
+                      for backend in (cpu, on_map))
+        where = (solver, solve.__name__)
+        assert int(got.sweeps) == int(plain.sweeps) > 1, where
+        assert bool(got.diverged) == bool(plain.diverged), where
+        assert rel_err(got.solution, plain.solution) <= value_tol, where
+        assert torch.allclose(got.stats(), plain.stats(), rtol=stats_tol), where
+        assert counting.schedules == 1 and counting.passes >= int(got.sweeps), where
 
 
 STORAGE = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]

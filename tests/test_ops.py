@@ -7,7 +7,8 @@ from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
 from conftest import make_graph, rel_err, run_per_instruction_set, wide_range_projections
 from gpu_op_cases import (ROW_PRODUCT_CASES, check_row_product, check_row_product_errors,
-                          check_row_product_of_nothing, graph_case)
+                          check_row_product_of_nothing, check_scheduled_row_pass,
+                          check_scheduled_row_pass_errors, graph_case)
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
        "csr_schedule", "row_product", "neural_weight_grad", "implicit_diffusion",
@@ -62,7 +63,9 @@ def test_opcheck_every_op(kind):
         "diffusion_step": [(g.rowptr, g.col, w, chi, kappa, x, z, 2.2)],
         "csr_fma": [(g.rowptr, g.col, w, z, x, torch.randn_like(chi), torch.randn_like(chi)),
                     (g.rowptr, g.col, w.float(), z.bfloat16(), x.float(),  # 16-bit storage
-                     torch.randn_like(chi).float(), torch.randn_like(chi).float())],
+                     torch.randn_like(chi).float(), torch.randn_like(chi).float()),
+                    (g.rowptr, g.col, w, z, x, chi, kappa,  # on the graph's schedule
+                     ops.csr_schedule(g.rowptr, g.col))],
         "csr_schedule": [(g.rowptr, g.col)],
         "row_product": [(g.rowptr, g.col, w, chi, kappa, ops.csr_schedule(g.rowptr, g.col), z,
                          torch.empty_like(z), torch.zeros(1, dtype=torch.float64))],
@@ -435,3 +438,22 @@ def test_row_product_argument_errors():
 
 def test_row_product_of_an_empty_graph_or_signal():
     check_row_product_of_nothing(ops)
+
+
+@pytest.mark.parametrize("kind,d,dtype", ROW_PRODUCT_CASES[:4])
+def test_row_pass_on_a_given_schedule(kind, d, dtype):
+    """The CPU op with the (empty) schedule of the CPU kernels, as the GPU's with its own
+    (test_cuda_emulated.py, test_cuda.py)."""
+    check_scheduled_row_pass(torch.ops.dignn, graph_case(kind, n=40, d=d, dtype=dtype), "cpu",
+                             context=f"{kind} d={d} {dtype}")
+
+
+def test_row_pass_schedule_errors():
+    check_scheduled_row_pass_errors(torch.ops.dignn, "cpu")
+    g, x, *_ = graph_inputs("symmetric")
+    ones = torch.ones(g.num_nodes, dtype=x.dtype)
+    with pytest.raises(ValueError, match=r"schedule is taken by the compiled op \(backend=None"
+                                         r"\); backend='torch' makes its own: pass "
+                                         r"schedule=None"):
+        ops.csr_fma(g.rowptr, g.col, g.values(x.dtype)[0], x, x, ones, ones, schedule=[],
+                    backend="torch")

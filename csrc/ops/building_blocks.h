@@ -93,24 +93,29 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
   return {grad_p, grad_q};
 }
 
-// out = b + cy.y + rs.(W y).
+// out = b + cy.y + rs.(W y), on the graph's csr_schedule when one is given (a solve's sweeps:
+// made once), else on a schedule made in this call.
 template <typename Passes>
 at::Tensor csr_fma(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
                    const at::Tensor& y, const at::Tensor& b, const at::Tensor& cy,
-                   const at::Tensor& rs) {
+                   const at::Tensor& rs, std::optional<at::TensorList> schedule) {
   const int64_t n = check_csr_fma_args(rowptr, col, w, y, b, cy, rs);
+  if (schedule) Passes::check_schedule(*schedule, rowptr, col.numel());
   const Passes passes(y);
   at::Tensor out = at::empty_like(y, at::MemoryFormat::Contiguous);
   if (n > 0) {
     const RowMap map{w.contiguous(), b.contiguous(), cy.contiguous(), rs.contiguous()};
-    stored_row_pass(passes, passes.csr(rowptr.contiguous(), col), map, y.contiguous(), out);
+    stored_row_pass(passes,
+                    schedule ? passes.csr_with(rowptr, col, *schedule)
+                             : passes.csr(rowptr.contiguous(), col),
+                    map, y.contiguous(), out);
   }
   return out;
 }
 
 // The work schedule of a CSR as the backend's kernels read it (on the GPU: its segments and
 // heavy rows, csrc/cuda/device_csr.h; none on the CPU), made once for the ops that take it
-// instead of making it anew in every call.
+// instead of making it anew in every call (csr_fma, row_product).
 template <typename Passes>
 std::vector<at::Tensor> csr_schedule(const at::Tensor& rowptr, const at::Tensor& col) {
   check_csr(rowptr, col, "rowptr", "col");

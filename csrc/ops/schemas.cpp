@@ -27,9 +27,10 @@ TORCH_LIBRARY(dignn, m) {
   m.def("diffusion_step(Tensor rowptr, Tensor col, Tensor w, Tensor chi, Tensor kappa, "
         "Tensor x, Tensor z, float mu) -> Tensor");
   // The general row pass under the step above and the adjoint: out = b + cy * y + rs * (W y), with
-  // cy and rs per row (any linear fixed-point or Krylov iteration on the Laplacian).
+  // cy and rs per row (any linear fixed-point or Krylov iteration on the Laplacian); on the
+  // graph's csr_schedule when given (a solve's sweeps), else on one made in the call.
   m.def("csr_fma(Tensor rowptr, Tensor col, Tensor w, Tensor y, Tensor b, Tensor cy, "
-        "Tensor rs) -> Tensor");
+        "Tensor rs, Tensor[]? schedule=None) -> Tensor");
   // The work schedule of a CSR as the kernels of the tensors' device read it (csrc/ops/
   // building_blocks.h; none on the CPU), made once for the ops that take it.
   m.def("csr_schedule(Tensor rowptr, Tensor col) -> Tensor[]");

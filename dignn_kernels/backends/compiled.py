@@ -27,7 +27,9 @@ cg (the solvers' loop, on both) takes the row product of the ops ``csr_schedule`
 small kernel), not in a second pass over w and u. On the CPU, where the host reads every value
 anyway, that dot product is under 3% of a cg iteration (cornell5, one thread): the CPU backend
 keeps cg on ``csr_fma`` and its own dot product; its ``row_product`` kernel exists for the op's
-callers and tests.
+callers and tests. The other sweeps of the solvers' loop on the GPU (anderson's, a partitioned
+solve's) take the row map: ``csr_fma`` on the schedule made once per solve, where a plain call
+makes it anew (a counting kernel, three scans and a fill kernel before every sweep).
 """
 from functools import partial
 
@@ -35,7 +37,7 @@ import torch
 
 from .interface import STORAGE_DTYPES, Backend, FusedSolve
 
-__all__ = ["CPU", "CUDA", "prepared_row_product"]
+__all__ = ["CPU", "CUDA", "prepared_row_map", "prepared_row_product"]
 
 _ops = torch.ops.dignn
 
@@ -45,15 +47,31 @@ def _cuda_built() -> bool:
     return bool(_build_info.WITH_CUDA)
 
 
+def _scheduled(ops, rowptr, col):
+    """(col, schedule) of a graph for a solve's sweeps: int64 columns made int32 once (the GPU
+    kernels read int32), the schedule made once (``ops.csr_schedule``)."""
+    if col.dtype == torch.int64 and rowptr.shape[0] - 1 <= torch.iinfo(torch.int32).max:
+        col = col.to(torch.int32)
+    return col, ops.csr_schedule(rowptr, col)
+
+
 def prepared_row_product(ops):
     """The pass interface's row product over the ops ``csr_schedule`` and ``row_product`` of
-    ``ops`` (torch.ops.dignn, or the tests' emulated build): the schedule made once per solve,
-    each sweep one op call (int64 columns made int32 once, which the GPU kernels read)."""
+    ``ops`` (torch.ops.dignn, or the tests' emulated build): each sweep one op call on the
+    graph's schedule (:func:`_scheduled`)."""
     def row_product(rowptr, col, w, cy, rs):
-        if col.dtype == torch.int64 and rowptr.shape[0] - 1 <= torch.iinfo(torch.int32).max:
-            col = col.to(torch.int32)
-        return partial(ops.row_product, rowptr, col, w, cy, rs, ops.csr_schedule(rowptr, col))
+        col, schedule = _scheduled(ops, rowptr, col)
+        return partial(ops.row_product, rowptr, col, w, cy, rs, schedule)
     return row_product
+
+
+def prepared_row_map(ops):
+    """The pass interface's row map over the ops ``csr_schedule`` and ``csr_fma`` of ``ops``:
+    each sweep ``map(y, b)`` one ``csr_fma`` call on the graph's schedule."""
+    def row_map(rowptr, col, w, cy, rs):
+        col, schedule = _scheduled(ops, rowptr, col)
+        return lambda y, b: ops.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
+    return row_map
 
 
 _FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward,
@@ -69,4 +87,5 @@ CUDA = Backend(name="cuda",
                and torch.cuda.is_available(),
                neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
                gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
-               storage_dtypes=STORAGE_DTYPES, row_product=prepared_row_product(_ops))
+               storage_dtypes=STORAGE_DTYPES, row_product=prepared_row_product(_ops),
+               row_map=prepared_row_map(_ops))

@@ -1,7 +1,7 @@
 """The pass interface: what a backend provides so that the solvers run on it.
 
 A backend is a :class:`Backend` record of three passes and an availability test, plus an
-optional row step, an optional row product and an optional fused solve:
+optional row map, row step and row product and an optional fused solve:
 
 - ``neural_edge_weights(rowptr, col, a, p, q, eps) -> (w, kappa)``: the neural edge weights
   W_ij = a_ij tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and their row sums
@@ -11,6 +11,12 @@ optional row step, an optional row product and an optional fused solve:
 - ``gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm) -> (dl/dp, dl/dq)``
   with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
+- ``row_map`` (optional): ``row_map(rowptr, col, w, cy, rs) -> map``, the row pass of one
+  graph and its coefficients prepared for a solve (on a GPU, the compiled backend's: the CSR's
+  schedule made once, not in every call); ``map(y, b)`` returns b + cy.y + rs.(W y) as
+  ``row_pass`` does. The solvers' maps run on it (:class:`dignn_kernels.solvers.
+  EquilibriumSystem`: the sweeps of anderson, of cg without a row product, of a fixed point
+  without a row step, and every sweep of a partitioned solve); without it, on ``row_pass``;
 - ``row_step`` (optional): ``row_step(rowptr, col, w, b, cy, rs, c) -> step``, the row pass
   of one fixed-point map (b + cy.y + rs.(W y)) prepared for a solve, checked once;
   ``step(y, out, state, history, k)`` is sweep k of the solvers' fixed point
@@ -68,10 +74,10 @@ from typing import Callable, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowStep", "RowProduct",
-           "GradientPass", "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE", "FP_DONE",
-           "FP_DIVERGED", "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL", "FP_BOUND",
-           "FP_TINY"]
+__all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowMap", "RowStep",
+           "RowProduct", "GradientPass", "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE",
+           "FP_DONE", "FP_DIVERGED", "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL",
+           "FP_BOUND", "FP_TINY"]
 
 # The dtypes a solve may store its iterates and projections in (``storage_dtype``).
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -94,6 +100,11 @@ class NeuralEdgeWeights(Protocol):
 class RowPass(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor,
                  cy: Tensor, rs: Tensor) -> Tensor: ...
+
+
+class RowMap(Protocol):
+    def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
+                 ) -> Callable[[Tensor, Tensor], Tensor]: ...
 
 
 class RowStep(Protocol):
@@ -127,7 +138,8 @@ class FusedSolve:
 @dataclass(frozen=True)
 class Backend:
     """One backend: its name, where it runs, its passes, its optional fused solve, the
-    16-bit storage dtypes its passes take and its optional row step and row product."""
+    16-bit storage dtypes its passes take and its optional row map, row step and row
+    product."""
     name: str
     available: Callable[[torch.device], bool]
     neural_edge_weights: NeuralEdgeWeights
@@ -137,3 +149,4 @@ class Backend:
     storage_dtypes: Tuple[torch.dtype, ...] = ()
     row_step: Optional[RowStep] = None
     row_product: Optional[RowProduct] = None
+    row_map: Optional[RowMap] = None

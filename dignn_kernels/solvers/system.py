@@ -3,7 +3,9 @@
 The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(chi),
 L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass
 (:attr:`Backend.row_pass <dignn_kernels.backends.interface.Backend>`) with per-row
-coefficients, so the solvers of :mod:`.loops` run on every backend.
+coefficients, so the solvers of :mod:`.loops` run on every backend; it is prepared once per
+system as the backend's row map where it has one (:attr:`Backend.row_map`: on a GPU, the
+CSR's schedule made once for all of a solve's sweeps).
 """
 from typing import Callable, Optional
 
@@ -48,6 +50,7 @@ class EquilibriumSystem:
                  t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
                  diag_index: Optional[Tensor] = None, symmetric: Optional[bool] = None):
         self.row_pass = backend.row_pass
+        self.row_map = backend.row_map
         self.row_step = backend.row_step
         self.row_product = backend.row_product
         self.rowptr, self.col, self.w = rowptr, col, w
@@ -64,6 +67,7 @@ class EquilibriumSystem:
         self._adjoint = None
         self._spd = None
         self._zeros = None
+        self._prepared = {}
 
     def _map(self, adjoint: bool):
         """(rowptr, col, w, cy, rs) of the row pass of the forward or the adjoint map."""
@@ -79,13 +83,29 @@ class EquilibriumSystem:
             self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()], self.cy, self.ones)
         return self._adjoint
 
+    def _prepared_map(self, which: str) -> Callable[[Tensor, Tensor], Tensor]:
+        """``map(y, b)``: the row pass of the forward map, the adjoint map or the SPD matrix
+        (``which``), made once per system (the backend's row map, else its row pass)."""
+        prepared = self._prepared.get(which)
+        if prepared is None:
+            if which == "spd":
+                spd_cy, spd_rs, _ = self._spd_terms()
+                rowptr, col, w, cy, rs = self.rowptr, self.col, self.w, spd_cy, spd_rs
+            else:
+                rowptr, col, w, cy, rs = self._map(which == "adjoint")
+            if self.row_map is not None:
+                prepared = self.row_map(rowptr, col, w, cy, rs)
+            else:
+                row_pass = self.row_pass
+                prepared = lambda y, b: row_pass(rowptr, col, w, y, b, cy, rs)  # noqa: E731
+            self._prepared[which] = prepared
+        return prepared
+
     def step(self, z: Tensor, x: Tensor) -> Tensor:
-        rowptr, col, w, cy, rs = self._map(False)
-        return self.row_pass(rowptr, col, w, z, x, cy, rs)
+        return self._prepared_map("forward")(z, x)
 
     def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
-        rowptr, col, w, cy, rs = self._map(True)
-        return self.row_pass(rowptr, col, w, u, g, cy, rs)
+        return self._prepared_map("adjoint")(u, g)
 
     def row_step_of(self, adjoint: bool, rhs: Tensor, c: Tensor
                     ) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor, int], None]]:
@@ -119,10 +139,9 @@ class EquilibriumSystem:
         return self._spd
 
     def spd_apply(self, y: Tensor) -> Tensor:
-        spd_cy, spd_rs, _ = self._spd_terms()
         if self._zeros is None or self._zeros.shape != y.shape:
             self._zeros = torch.zeros_like(y)
-        return self.row_pass(self.rowptr, self.col, self.w, y, self._zeros, spd_cy, spd_rs)
+        return self._prepared_map("spd")(y, self._zeros)
 
     def spd_product(self) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
         """The backend's row product of (S + L/mu), prepared for one solve: ``product(y, out,

@@ -30,5 +30,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const at::Tensor& out, const at::Tensor& done) {
     return dignn::ops::row_product<Passes>(rowptr, col, w, cy, rs, schedule, y, out, done);
   });
+  // csr_fma's optional schedule, the same way (7 arguments: made in the call)
+  m.def(
+      "csr_fma",
+      [](const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& w,
+         const at::Tensor& y, const at::Tensor& b, const at::Tensor& cy, const at::Tensor& rs,
+         const std::optional<std::vector<at::Tensor>>& schedule) {
+        return dignn::ops::csr_fma<Passes>(
+            rowptr, col, w, y, b, cy, rs,
+            schedule ? std::optional<at::TensorList>(*schedule) : std::nullopt);
+      },
+      py::arg("rowptr"), py::arg("col"), py::arg("w"), py::arg("y"), py::arg("b"),
+      py::arg("cy"), py::arg("rs"), py::arg("schedule") = py::none());
   m.attr("segment_edges") = dignn::emulated::kSegmentEdges;
 }
