@@ -60,13 +60,15 @@ def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, 
     rmask = rows < n
     mask = rmask[:, None] & cmask[None, :]
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    p_new = tl.load(u + offsets, mask=mask, other=0.0) + \
-        beta[None, :] * tl.load(p + offsets, mask=mask, other=0.0)
+    inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
+    # u = M^-1 r (what the last update stored, to its rounding): r is read anyway, so u is
+    # written for the sweep but not read back here (10 vectors moved per iteration, not 11)
+    r_old = tl.load(r + offsets, mask=mask, other=0.0)
+    p_new = r_old * inv[:, None] + beta[None, :] * tl.load(p + offsets, mask=mask, other=0.0)
     s_new = tl.load(w + offsets, mask=mask, other=0.0) + \
         beta[None, :] * tl.load(s + offsets, mask=mask, other=0.0)
     z_new = tl.load(z + offsets, mask=mask, other=0.0) + alpha[None, :] * p_new
-    r_new = tl.load(r + offsets, mask=mask, other=0.0) - alpha[None, :] * s_new
-    inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
+    r_new = r_old - alpha[None, :] * s_new
     tl.store(p + offsets, p_new, mask=mask)
     tl.store(s + offsets, s_new, mask=mask)
     tl.store(z + offsets, z_new, mask=mask)

@@ -15,7 +15,8 @@ denominator). A finished solve (its ``done`` flag set) takes alpha = beta = 0: z
 - :class:`TorchCGUpdate`: PyTorch ops, any device (each op one kernel on a GPU);
 - :class:`TritonCGUpdate`: on a GPU the dot product w.u is one kernel (+ a sum of its block
   partials; none where the backend's row product took it in the sweep), the whole update
-  (coefficients, five vectors, the partial sums of the next r.u and ||scale r||^2) another
+  (coefficients; five vectors written from five read, u = M^-1 r taken from r rather than
+  read; the partial sums of the next r.u and ||scale r||^2) another
   (+ a sum), and the iteration's bookkeeping (residual, history, flags, stopping test) a
   third: three to five launches where the PyTorch ops take about thirty. Its kernels are in
   :mod:`._triton_cg`; on the CPU they run only in the Triton interpreter (the tests).
