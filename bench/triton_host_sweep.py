@@ -23,6 +23,10 @@ test) in the update's one kernel against the same in PyTorch ops; and for an ite
 cg on the Triton backend's system (every launch stubbed): its sweep as the backend's row
 product (the dots w.u from the sweep) against the row pass op and a separate dot kernel.
 
+And for an iteration of Anderson (window 5) on a stubbed sweep: its small SPD solves per
+channel as one Triton kernel (stubbed: its launch not counted) against the same in PyTorch ops,
+with the PyTorch ops each variant runs per iteration (each a kernel launch on a GPU).
+
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
 """
@@ -93,6 +97,8 @@ def main(out_path):
             "us/sweep")
     result["cg_us_per_iteration"] = cg_host_times(gen)
     result["cg_sweep_us_per_iteration"] = cg_sweep_host_times(graph, w, chi, kappa, x)
+    result["anderson_us_per_iteration"], result["anderson_torch_ops_per_iteration"] = \
+        anderson_host_times(x)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
@@ -188,6 +194,44 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
     return interleaved_medians(variants, iteration_us,
                                "cg on the system, flag read every 16 iterations",
                                "us/iteration")
+
+
+def anderson_host_times(x):
+    """Host time per iteration of Anderson (window 5, 20 iterations, the flag never read: every
+    iteration runs, converged or not) on a stubbed sweep (y -> x + tanh(y) / 2): the small SPD
+    solves as the Triton kernel (its launch
+    stubbed by the solution of a diagonal system) against the PyTorch solve; and the PyTorch
+    ops per iteration of each (torch.profiler, views and scalar reads left out)."""
+    from torch.profiler import profile
+    from dignn_kernels.solvers import _triton_small_spd
+    _triton_small_spd.triton_small_spd_solve = \
+        lambda a, b: b / a.diagonal(dim1=1, dim2=2)
+    step = lambda y: torch.add(x, torch.tanh(y), alpha=0.5)  # noqa: E731
+    variants = {"small_solve_kernel": "triton", "small_solve_torch": "torch"}
+
+    def solve(name):
+        return dk.solvers.anderson(step, x, max_iter=SWEEPS + 1, tol=0.0, check_every=0,
+                                   vector_kernels=variants[name])
+
+    def iteration_us(name):
+        start = time.perf_counter()
+        solve(name)
+        return (time.perf_counter() - start) / SWEEPS * 1e6
+
+    skip = ("aten::view", "aten::select", "aten::slice", "aten::as_strided", "aten::t",
+            "aten::transpose", "aten::diagonal", "aten::unsqueeze", "aten::expand",
+            "aten::alias", "aten::detach", "aten::lift_fresh", "aten::empty",
+            "aten::empty_like", "aten::empty_strided", "aten::item", "aten::_local_scalar_dense",
+            "aten::is_nonzero", "aten::resolve_conj", "aten::resolve_neg")
+    ops = {}
+    for name in variants:
+        with profile() as prof:
+            solve(name)
+        ops[name] = round(sum(e.count for e in prof.key_averages()
+                              if e.key.startswith("aten::") and e.key not in skip) / SWEEPS)
+    print("anderson ops per iteration: " + ", ".join(f"{k} {v}" for k, v in ops.items()))
+    return interleaved_medians(variants, iteration_us, "anderson, flag never read",
+                               "us/iteration"), ops
 
 
 if __name__ == "__main__":

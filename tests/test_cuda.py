@@ -243,6 +243,45 @@ def test_anderson_on_the_row_map():
         assert rel_err(got.solution.cpu(), want.solution) <= 1e-8, solve
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_small_spd_solve_compiled(m):
+    """Anderson's small SPD solves as the compiled Triton kernel against the PyTorch solve on
+    the GPU (test_small_spd.py runs the same kernel in the interpreter)."""
+    pytest.importorskip("triton")
+    from dignn_kernels.solvers._triton_small_spd import triton_small_spd_solve
+    from dignn_kernels.solvers.small_spd import small_spd_solve_for, torch_small_spd_solve
+    g = torch.Generator().manual_seed(m)
+    f = torch.randn(300, m + 3, m, generator=g, dtype=torch.float64)
+    a = (f.transpose(1, 2) @ f + torch.eye(m, dtype=torch.float64)).to(DEV)
+    b = torch.randn(300, m, generator=g, dtype=torch.float64).to(DEV)
+    assert small_spd_solve_for(b, m) is triton_small_spd_solve
+    torch.testing.assert_close(triton_small_spd_solve(a, b), torch_small_spd_solve(a, b),
+                               rtol=1e-11, atol=1e-12)
+
+
+def test_anderson_never_syncs():
+    """anderson on the cuda backend (its row map, the Triton small solves) with the flag never
+    read (check_every=0) launches every sweep without a synchronization, and stops where a
+    solve that reads the flag stops."""
+    case = graph_case("hub", n=400, d=8, dtype=torch.float32)
+    w, chi, kappa = case.graph.fixed_laplacian("rw", torch.float32)
+    system = solvers.EquilibriumSystem(get_backend("cuda"),
+                                       *to_dev(case.rowptr, case.col, w, chi, kappa), 2.2)
+    x = case.x.to(DEV)
+    solvers.solve_forward(system, x, "anderson", max_iter=8, tol=0.0)  # caches, compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        quiet = solvers.solve_forward(system, x, "anderson", max_iter=40, tol=1e-5,
+                                      check_every=0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    checked = solvers.solve_forward(system, x, "anderson", max_iter=40, tol=1e-5,
+                                    check_every=4)
+    assert int(quiet.sweeps) == int(checked.sweeps) < 40
+    torch.testing.assert_close(quiet.solution, checked.solution)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_cg_on_the_row_product_matches_cpu(dtype):
     """cg on the CUDA backend (its row product) against cg on the CPU backend (the row pass

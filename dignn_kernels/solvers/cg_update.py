@@ -32,7 +32,8 @@ from torch import Tensor
 from ..backends.interface import FP_DIVERGED, FP_DONE, FP_RESIDUAL, FP_SWEEPS
 from .device_state import record_iteration, state_of
 
-__all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for", "VECTOR_KERNELS",
+__all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for",
+           "resolve_vector_kernels", "VECTOR_KERNELS",
            "CG_DONE", "CG_DIVERGED", "CG_SWEEPS", "CG_RESIDUAL", "CG_TARGET", "CG_REF_SAFE",
            "CG_FLAGS", "cg_flags"]
 
@@ -194,9 +195,10 @@ def _triton_runs(x: Tensor) -> bool:
     return triton_backend.available(x.device)
 
 
-def cg_update_for(rhs: Tensor, vector_kernels: Optional[str] = None):
-    """The update for ``rhs``'s device: ``vector_kernels`` = "torch" or "triton"; None picks
-    Triton on a CUDA device where it is installed, else PyTorch."""
+def resolve_vector_kernels(rhs: Tensor, vector_kernels: Optional[str] = None) -> str:
+    """Which kernels run a solver's vector work on ``rhs``'s device: ``vector_kernels`` =
+    "torch" or "triton"; None picks Triton on a CUDA device where it is installed, else
+    PyTorch."""
     if vector_kernels is None:
         vector_kernels = "triton" if rhs.is_cuda and _triton_runs(rhs) else "torch"
     if vector_kernels not in VECTOR_KERNELS:
@@ -205,4 +207,11 @@ def cg_update_for(rhs: Tensor, vector_kernels: Optional[str] = None):
     if vector_kernels == "triton" and not _triton_runs(rhs):
         raise RuntimeError(f"vector_kernels='triton' cannot run on {rhs.device}: Triton needs "
                            f"a CUDA GPU (on the CPU its interpreter, TRITON_INTERPRET=1)")
-    return TritonCGUpdate if vector_kernels == "triton" else TorchCGUpdate
+    return vector_kernels
+
+
+def cg_update_for(rhs: Tensor, vector_kernels: Optional[str] = None):
+    """The update for ``rhs``'s device (:func:`resolve_vector_kernels`)."""
+    if resolve_vector_kernels(rhs, vector_kernels) == "triton":
+        return TritonCGUpdate
+    return TorchCGUpdate

@@ -67,6 +67,7 @@ from ..laplacian import node_mass
 from .device_state import record_iteration, state_of
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
+from .small_spd import small_spd_solve_for
 from .system import EquilibriumSystem
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
@@ -352,40 +353,18 @@ def _anderson_regularization(dtype: torch.dtype) -> float:
     return 1e-12 if dtype == torch.float64 else 1e-6
 
 
-def _small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
-    """Solves a batch of small SPD systems a x = b (a: B x m x m, b: B x m) by Cholesky, in
-    elementwise tensor ops: on the device, no host check, no LAPACK call (whose batched
-    drivers go multi-threaded even for a handful of 5 x 5 matrices)."""
-    m = a.shape[-1]
-    tiny = torch.finfo(a.dtype).tiny
-    chol = torch.zeros_like(a)
-    for j in range(m):
-        row = chol[:, j, :j]
-        pivot = (a[:, j, j] - (row * row).sum(dim=1)).clamp_min(tiny).sqrt()
-        chol[:, j, j] = pivot
-        if j + 1 < m:
-            below = (chol[:, j + 1:, :j] * row.unsqueeze(1)).sum(dim=2)
-            chol[:, j + 1:, j] = (a[:, j + 1:, j] - below) / pivot.unsqueeze(1)
-    y = torch.zeros_like(b)
-    for i in range(m):  # chol y = b
-        y[:, i] = (b[:, i] - (chol[:, i, :i] * y[:, :i]).sum(dim=1)) / chol[:, i, i]
-    x = torch.zeros_like(b)
-    for i in reversed(range(m)):  # chol^T x = y
-        x[:, i] = (y[:, i] - (chol[:, i + 1:, i] * x[:, i + 1:]).sum(dim=1)) / chol[:, i, i]
-    return x
-
-
 def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
              window: int = ANDERSON_WINDOW, check_every: int = 1,
              callback: Optional[Callable[[int], None]] = None,
-             reduce: Reduce = None) -> SolveResult:
+             reduce: Reduce = None, vector_kernels: Optional[str] = None) -> SolveResult:
     """Anderson acceleration (type II, mixing 1) of y -> step(y) from y_0 = rhs, one sweep per
     iteration, at most ``max_iter`` sweeps, until ||step(y) - y|| <= tol ||rhs||.
 
     Each channel (column) mixes its own last ``window`` iterates: with f = step(y) - y and
     the differences dF, dG of f and step(y) over the window,
     gamma = argmin ||f - dF gamma|| (regularized normal equations, a batched m x m solve on
-    the device) and y <- step(y) - dG gamma."""
+    the device, :mod:`.small_spd`: one Triton kernel on a GPU, ``vector_kernels`` as for cg)
+    and y <- step(y) - dG gamma."""
     check_every = check_every_arg(check_every)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
@@ -393,6 +372,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
     ref, ref_safe, history = _start(rhs, max_iter, reduce=reduce)
     m = min(window, max(max_iter - 1, 1))
+    small_spd_solve = small_spd_solve_for(rhs, m, vector_kernels)
     dtype = rhs.dtype
     y = rhs
     gy = step(y)
@@ -429,7 +409,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
             proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
             proj[:filled] = dots(f, filled)  # dF^T f
             lam = reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-            gamma = _small_spd_solve(gram + lam[:, None, None] * eye, proj.t())
+            gamma = small_spd_solve(gram + lam[:, None, None] * eye, proj.t())
             gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
             y_new = torch.addcmul(gy, d_g[0], gamma[0], value=-1.0)  # gy - dG gamma
             for j in range(1, filled):
