@@ -24,8 +24,9 @@ cg on the Triton backend's system (every launch stubbed): its sweep as the backe
 product (the dots w.u from the sweep) against the row pass op and a separate dot kernel.
 
 And for an iteration of Anderson (window 5) on a stubbed sweep: its small SPD solves per
-channel as one Triton kernel (stubbed: its launch not counted) against the same in PyTorch ops,
-with the PyTorch ops each variant runs per iteration (each a kernel launch on a GPU).
+channel as one Triton kernel (stubbed: its launch not counted) against the same in elementwise
+PyTorch ops and by LAPACK (the CPU's), with the PyTorch ops each variant runs per iteration
+(each a kernel launch on a GPU).
 
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
@@ -198,20 +199,26 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
 
 def anderson_host_times(x):
     """Host time per iteration of Anderson (window 5, 20 iterations, the flag never read: every
-    iteration runs, converged or not) on a stubbed sweep (y -> x + tanh(y) / 2): the small SPD
-    solves as the Triton kernel (its launch
-    stubbed by the solution of a diagonal system) against the PyTorch solve; and the PyTorch
-    ops per iteration of each (torch.profiler, views and scalar reads left out)."""
+    iteration runs, converged or not) on a stubbed sweep (y -> x + tanh(y) / 2), by the small
+    SPD solves it takes: the Triton kernel (its launch stubbed by the solution of a diagonal
+    system), the elementwise PyTorch solve (a GPU's without Triton) and LAPACK's (the CPU's);
+    and the PyTorch ops per iteration of each (torch.profiler, views and scalar reads left
+    out; on a GPU each a kernel launch, LAPACK's aside)."""
     from torch.profiler import profile
-    from dignn_kernels.solvers import _triton_small_spd
-    _triton_small_spd.triton_small_spd_solve = \
-        lambda a, b: b / a.diagonal(dim1=1, dim2=2)
+    from dignn_kernels.solvers import small_spd
+    loops_module = sys.modules["dignn_kernels.solvers.loops"]
+    variants = {"small_solve_kernel": lambda a, b: b / a.diagonal(dim1=1, dim2=2),
+                "small_solve_torch": small_spd.torch_small_spd_solve,
+                "small_solve_lapack": small_spd.lapack_small_spd_solve}
     step = lambda y: torch.add(x, torch.tanh(y), alpha=0.5)  # noqa: E731
-    variants = {"small_solve_kernel": "triton", "small_solve_torch": "torch"}
 
     def solve(name):
-        return dk.solvers.anderson(step, x, max_iter=SWEEPS + 1, tol=0.0, check_every=0,
-                                   vector_kernels=variants[name])
+        original = loops_module.small_spd_solve_for
+        loops_module.small_spd_solve_for = lambda rhs, window, kernels: variants[name]
+        try:
+            return dk.solvers.anderson(step, x, max_iter=SWEEPS + 1, tol=0.0, check_every=0)
+        finally:
+            loops_module.small_spd_solve_for = original
 
     def iteration_us(name):
         start = time.perf_counter()

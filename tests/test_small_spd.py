@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dignn_kernels import solvers
-from dignn_kernels.solvers.small_spd import (TRITON_MAX_M, small_spd_solve_for,
-                                             torch_small_spd_solve)
+from dignn_kernels.solvers.small_spd import (TRITON_MAX_M, lapack_small_spd_solve,
+                                             small_spd_solve_for, torch_small_spd_solve)
 
 pytest.importorskip("triton")
 from dignn_kernels.solvers._triton_small_spd import triton_small_spd_solve  # noqa: E402
@@ -59,15 +59,37 @@ def test_singular_and_non_finite_systems_fail_alike():
                                rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("m", [1, 5, TRITON_MAX_M + 4])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lapack_solve_equals_dense_and_fails_with_nan(m, dtype):
+    """The CPU's LAPACK solve: the dense solution of positive definite systems; NaN for
+    every entry of a system it cannot factor (zero, indefinite, NaN), which Anderson zeroes
+    (its step is then the plain fixed-point step)."""
+    a, b = _systems(9, m, dtype, seed=m)
+    a, b = a.cpu(), b.cpu()
+    a[0] = 0.0
+    a[1] = -a[1]
+    a[2, m - 1, 0] = float("nan")
+    got = lapack_small_spd_solve(a, b)
+    assert got.isnan().all(dim=1).tolist() == [True] * 3 + [False] * 6
+    exact = torch.linalg.solve(a[3:].double(), b[3:].double())
+    tol = dict(rtol=1e-11, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-4,
+                                                                          atol=1e-5)
+    torch.testing.assert_close(got[3:].double(), exact, **tol)
+    torch.testing.assert_close(got[3:], torch_small_spd_solve(a[3:], b[3:]), **tol)
+
+
 def test_empty_batch():
     a, b = _systems(0, 5, torch.float64)
     assert triton_small_spd_solve(a, b).shape == (0, 5)
+    assert lapack_small_spd_solve(a.cpu(), b.cpu()).shape == (0, 5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_anderson_with_each_solve(dtype):
-    """Anderson on a linear contraction y -> c + J y with either small solve: the same sweeps,
-    the same history to rounding, and the dense solution of y = c + J y."""
+    """Anderson on a linear contraction y -> c + J y with the Triton small solve and the
+    PyTorch one (LAPACK's on the CPU): the same sweeps, the same history to rounding, and the
+    dense solution of y = c + J y."""
     g = torch.Generator().manual_seed(1)
     n, d = 60, 5
     j = torch.randn(n, n, generator=g, dtype=torch.float64)
@@ -88,10 +110,10 @@ def test_anderson_with_each_solve(dtype):
 
 def test_which_solve():
     x = torch.zeros(3, 2, device=DEVICE)
-    assert small_spd_solve_for(x, 5, "torch") is torch_small_spd_solve
+    plain = torch_small_spd_solve if x.is_cuda else lapack_small_spd_solve
+    assert small_spd_solve_for(x, 5, "torch") is plain
     assert small_spd_solve_for(x, 5, "triton") is triton_small_spd_solve
-    assert small_spd_solve_for(x, TRITON_MAX_M + 1, "triton") is torch_small_spd_solve
-    assert small_spd_solve_for(x, 5) is (triton_small_spd_solve if x.is_cuda
-                                         else torch_small_spd_solve)
+    assert small_spd_solve_for(x, TRITON_MAX_M + 1, "triton") is plain
+    assert small_spd_solve_for(x, 5) is (triton_small_spd_solve if x.is_cuda else plain)
     with pytest.raises(ValueError, match="vector_kernels must be one of"):
         small_spd_solve_for(x, 5, "cuda")
