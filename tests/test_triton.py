@@ -856,8 +856,8 @@ class Recorder:
         return record
 
 
-from dignn_kernels.solvers import _triton_cg as cg_jit, cg_update
-for module in (jit, cg_jit):
+from dignn_kernels.solvers import _triton_cg as cg_jit, _triton_small_spd as spd_jit, cg_update
+for module in (jit, cg_jit, spd_jit):
     for name in dir(module):
         if name.endswith("_kernel"):
             setattr(module, name, Recorder(getattr(module, name)))
@@ -898,6 +898,9 @@ for dtype in (torch.float32, torch.float64):
     flags = cg_update.cg_flags(*torch.ones(3, dtype=torch.float64))
     cg_jit.cg_step(st, rhs, delta, flags)
     cg_jit.cg_finish(torch.rand(2, 64, dtype=dtype), flags, torch.zeros(9).double(), 3)
+    for m in (1, 5, 16):  # anderson's small SPD solves (windows of 1, the default, the most)
+        spd_jit.triton_small_spd_solve(torch.eye(m, dtype=dtype).repeat(64, 1, 1),
+                                       torch.ones(64, m, dtype=dtype))
 
 target = GPUTarget("cuda", 90, 32)
 for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):
