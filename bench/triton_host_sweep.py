@@ -23,10 +23,10 @@ test) in the update's one kernel against the same in PyTorch ops; and for an ite
 cg on the Triton backend's system (every launch stubbed): its sweep as the backend's row
 product (the dots w.u from the sweep) against the row pass op and a separate dot kernel.
 
-And for an iteration of Anderson (window 5) on a stubbed sweep: its small SPD solves per
-channel as one Triton kernel (stubbed: its launch not counted) against the same in elementwise
-PyTorch ops and by LAPACK (the CPU's), with the PyTorch ops each variant runs per iteration
-(each a kernel launch on a GPU).
+And for an iteration of Anderson (window 5) on a stubbed sweep: its vector work (the window's
+dot products, small SPD solves and mix) as Triton kernels (launches stubbed) against PyTorch
+ops (elementwise small solves, a GPU's without Triton; LAPACK's, the CPU's), with the PyTorch
+ops each variant runs per iteration (each a kernel launch on a GPU).
 
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
@@ -197,28 +197,43 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
                                "us/iteration")
 
 
+class _NoLaunch:
+    """A Triton kernel whose launches do nothing (``kernel[grid](...)``)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
 def anderson_host_times(x):
     """Host time per iteration of Anderson (window 5, 20 iterations, the flag never read: every
-    iteration runs, converged or not) on a stubbed sweep (y -> x + tanh(y) / 2), by the small
-    SPD solves it takes: the Triton kernel (its launch stubbed by the solution of a diagonal
-    system), the elementwise PyTorch solve (a GPU's without Triton) and LAPACK's (the CPU's);
-    and the PyTorch ops per iteration of each (torch.profiler, views and scalar reads left
-    out; on a GPU each a kernel launch, LAPACK's aside)."""
+    iteration runs, converged or not) on a stubbed sweep (y -> x + tanh(y) / 2), by the vector
+    work it takes: the Triton kernels (their launches stubbed out, their PyTorch ops kept), the
+    PyTorch ops a GPU without Triton runs (elementwise small solves) and the CPU's (LAPACK's
+    small solves); and the PyTorch ops per iteration of each (torch.profiler, views and scalar
+    reads left out; on a GPU each a kernel launch, LAPACK's aside)."""
     from torch.profiler import profile
-    from dignn_kernels.solvers import small_spd
+    from dignn_kernels.solvers import _triton_anderson, anderson_update
+    for name in ("_window_dots_kernel", "_window_mix_kernel", "_small_spd_solve_kernel"):
+        setattr(_triton_anderson, name, _NoLaunch())
     loops_module = sys.modules["dignn_kernels.solvers.loops"]
-    variants = {"small_solve_kernel": lambda a, b: b / a.diagonal(dim1=1, dim2=2),
-                "small_solve_torch": small_spd.torch_small_spd_solve,
-                "small_solve_lapack": small_spd.lapack_small_spd_solve}
+
+    def torch_ops(rhs, window):
+        vectors = anderson_update.AndersonVectors(rhs, window)
+        vectors.solve = anderson_update.torch_small_spd_solve
+        return vectors
+
+    variants = {"triton_kernels": anderson_update.TritonAndersonVectors,
+                "torch_ops": torch_ops, "cpu_lapack": anderson_update.AndersonVectors}
     step = lambda y: torch.add(x, torch.tanh(y), alpha=0.5)  # noqa: E731
 
     def solve(name):
-        original = loops_module.small_spd_solve_for
-        loops_module.small_spd_solve_for = lambda rhs, window, kernels: variants[name]
+        original = loops_module.anderson_vectors_for
+        loops_module.anderson_vectors_for = lambda rhs, window, kernels: \
+            variants[name](rhs, window)
         try:
             return dk.solvers.anderson(step, x, max_iter=SWEEPS + 1, tol=0.0, check_every=0)
         finally:
-            loops_module.small_spd_solve_for = original
+            loops_module.anderson_vectors_for = original
 
     def iteration_us(name):
         start = time.perf_counter()

@@ -244,19 +244,26 @@ def test_anderson_on_the_row_map():
 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
-def test_small_spd_solve_compiled(m):
-    """Anderson's small SPD solves as the compiled Triton kernel against the PyTorch solve on
-    the GPU (test_small_spd.py runs the same kernel in the interpreter)."""
+def test_anderson_kernels_compiled(m):
+    """Anderson's vector work as compiled Triton kernels against the PyTorch ops on the GPU
+    (test_anderson_update.py runs the same kernels in the interpreter)."""
     pytest.importorskip("triton")
-    from dignn_kernels.solvers._triton_small_spd import triton_small_spd_solve
-    from dignn_kernels.solvers.small_spd import small_spd_solve_for, torch_small_spd_solve
+    from dignn_kernels.solvers import _triton_anderson as kernels
+    from dignn_kernels.solvers.anderson_update import (AndersonVectors, anderson_vectors_for,
+                                                       torch_small_spd_solve)
     g = torch.Generator().manual_seed(m)
     f = torch.randn(300, m + 3, m, generator=g, dtype=torch.float64)
     a = (f.transpose(1, 2) @ f + torch.eye(m, dtype=torch.float64)).to(DEV)
     b = torch.randn(300, m, generator=g, dtype=torch.float64).to(DEV)
-    assert small_spd_solve_for(b, m) is triton_small_spd_solve
-    torch.testing.assert_close(triton_small_spd_solve(a, b), torch_small_spd_solve(a, b),
+    assert anderson_vectors_for(b, m).solve is kernels.small_spd_solve
+    torch.testing.assert_close(kernels.small_spd_solve(a, b), torch_small_spd_solve(a, b),
                                rtol=1e-11, atol=1e-12)
+    slots, d_g = (torch.randn(m, 5000, 64, generator=g).to(DEV) for _ in range(2))
+    v, gamma = torch.randn(5000, 64, generator=g).to(DEV), torch.randn(m, 64, generator=g).to(DEV)
+    torch.testing.assert_close(kernels.window_dots(slots, v, m),
+                               AndersonVectors(v, m).dots(slots, v, m), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(kernels.window_mix(v, d_g, gamma, m),
+                               AndersonVectors.mix(v, d_g, gamma, m), rtol=1e-5, atol=1e-5)
 
 
 def test_anderson_never_syncs():

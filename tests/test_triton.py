@@ -856,8 +856,9 @@ class Recorder:
         return record
 
 
-from dignn_kernels.solvers import _triton_cg as cg_jit, _triton_small_spd as spd_jit, cg_update
-for module in (jit, cg_jit, spd_jit):
+from dignn_kernels.solvers import _triton_anderson as anderson_jit, _triton_cg as cg_jit, \
+    cg_update
+for module in (jit, cg_jit, anderson_jit):
     for name in dir(module):
         if name.endswith("_kernel"):
             setattr(module, name, Recorder(getattr(module, name)))
@@ -899,8 +900,11 @@ for dtype in (torch.float32, torch.float64):
     cg_jit.cg_step(st, rhs, delta, flags)
     cg_jit.cg_finish(torch.rand(2, 64, dtype=dtype), flags, torch.zeros(9).double(), 3)
     for m in (1, 5, 16):  # anderson's small SPD solves (windows of 1, the default, the most)
-        spd_jit.triton_small_spd_solve(torch.eye(m, dtype=dtype).repeat(64, 1, 1),
-                                       torch.ones(64, m, dtype=dtype))
+        anderson_jit.small_spd_solve(torch.eye(m, dtype=dtype).repeat(64, 1, 1),
+                                     torch.ones(64, m, dtype=dtype))
+    window = torch.zeros(5, 300, 64, dtype=dtype)  # anderson's window: its dots and mix
+    anderson_jit.window_dots(window, rhs, 3)
+    anderson_jit.window_mix(rhs, window, torch.ones(5, 64, dtype=dtype), 3)
 
 target = GPUTarget("cuda", 90, 32)
 for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):

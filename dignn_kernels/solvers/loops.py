@@ -67,7 +67,7 @@ from ..laplacian import node_mass
 from .device_state import record_iteration, state_of
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
-from .small_spd import small_spd_solve_for
+from .anderson_update import anderson_vectors_for
 from .system import EquilibriumSystem
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
@@ -363,8 +363,8 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     Each channel (column) mixes its own last ``window`` iterates: with f = step(y) - y and
     the differences dF, dG of f and step(y) over the window,
     gamma = argmin ||f - dF gamma|| (regularized normal equations, a batched m x m solve on
-    the device, :mod:`.small_spd`: one Triton kernel on a GPU, ``vector_kernels`` as for cg)
-    and y <- step(y) - dG gamma."""
+    the device) and y <- step(y) - dG gamma: the vector work of :mod:`.anderson_update`
+    (Triton kernels on a GPU, ``vector_kernels`` as for cg)."""
     check_every = check_every_arg(check_every)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
@@ -372,7 +372,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         raise ValueError(f"rhs must be 2-D (nodes x channels), got shape {list(rhs.shape)}")
     ref, ref_safe, history = _start(rhs, max_iter, reduce=reduce)
     m = min(window, max(max_iter - 1, 1))
-    small_spd_solve = small_spd_solve_for(rhs, m, vector_kernels)
+    vectors = anderson_vectors_for(rhs, m, vector_kernels)
     dtype = rhs.dtype
     y = rhs
     gy = step(y)
@@ -384,11 +384,9 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     done = diverged | (residual <= tol * ref)
     if callback is not None:
         callback(1)
-    # The window, slot-major (each slot one contiguous n x d block): loops over the slots with
-    # one scratch buffer beat any batched form of these per-channel products on the CPU.
+    # The window, slot-major (each slot one contiguous n x d block).
     d_f = rhs.new_zeros((m,) + rhs.shape)
     d_g = rhs.new_zeros((m,) + rhs.shape)
-    scratch = torch.empty_like(rhs)
     gram = torch.zeros(rhs.size(1), m, m, dtype=torch.float64, device=rhs.device)
     eye = torch.eye(m, dtype=torch.float64, device=rhs.device)
     reg = _anderson_regularization(dtype)
@@ -396,8 +394,7 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
 
     def dots(v, filled):
         """<d_f[j], v> per channel for the filled slots: (filled, d), float64."""
-        return _global(torch.stack([torch.mul(d_f[j], v, out=scratch).sum(dim=0)
-                                    for j in range(filled)]).double(), reduce)
+        return _global(vectors.dots(d_f, v, filled), reduce)
 
     if check_every == 1 and bool(done):  # (a host read: the CPU default only)
         max_iter = 1
@@ -409,11 +406,9 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
             proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
             proj[:filled] = dots(f, filled)  # dF^T f
             lam = reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-            gamma = small_spd_solve(gram + lam[:, None, None] * eye, proj.t())
+            gamma = vectors.solve(gram + lam[:, None, None] * eye, proj.t())
             gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
-            y_new = torch.addcmul(gy, d_g[0], gamma[0], value=-1.0)  # gy - dG gamma
-            for j in range(1, filled):
-                y_new.addcmul_(d_g[j], gamma[j], value=-1.0)
+            y_new = vectors.mix(gy, d_g, gamma, filled)  # gy - dG gamma
         gy_new = step(y_new)
         f_new = gy_new - y_new
         res = _norm(f_new, reduce)
