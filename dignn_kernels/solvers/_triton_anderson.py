@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._triton_cg import ROWS, _block_d
+from ._triton_cg import ROWS, _block_d, _tile
 
 __all__ = ["window_dots", "window_mix", "small_spd_solve"]
 
@@ -25,13 +25,7 @@ __all__ = ["window_dots", "window_mix", "small_spd_solve"]
 @triton.jit
 def _window_dots_kernel(slots, v, partials, filled, n, D, slot_stride, ROWS: tl.constexpr,
                         BLOCK_D: tl.constexpr):
-    pid_r = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    rows = pid_r * ROWS + tl.arange(0, ROWS)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < n)[:, None] & cmask[None, :]
-    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
     y = tl.load(v + offsets, mask=mask, other=0.0)
     slot = slots + offsets  # slot j's tile: advanced by a whole slot per iteration
     for j in range(0, filled):
@@ -44,13 +38,7 @@ def _window_dots_kernel(slots, v, partials, filled, n, D, slot_stride, ROWS: tl.
 @triton.jit
 def _window_mix_kernel(gy, d_g, gamma, out, filled, n, D, slot_stride, ROWS: tl.constexpr,
                        BLOCK_D: tl.constexpr):
-    pid_r = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    rows = pid_r * ROWS + tl.arange(0, ROWS)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < n)[:, None] & cmask[None, :]
-    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
     acc = tl.load(gy + offsets, mask=mask, other=0.0)
     slot = d_g + offsets
     for j in range(0, filled):  # in slot order, as the PyTorch chain of addcmul

@@ -22,14 +22,21 @@ def _block_d(d: int) -> int:
 
 
 @triton.jit
-def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _tile(n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's tile of an n x D row-major tensor: (its row block, rows, row mask,
+    channels, channel mask, mask, offsets)."""
     pid_r = tl.program_id(0)
-    pid_d = tl.program_id(1)
     rows = pid_r * ROWS + tl.arange(0, ROWS)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rmask = rows < n
     cmask = cols < D
-    mask = (rows < n)[:, None] & cmask[None, :]
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    return pid_r, rows, rmask, cols, cmask, rmask[:, None] & cmask[None, :], offsets
+
+
+@triton.jit
+def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
     x = tl.load(a + offsets, mask=mask, other=0.0)
     y = tl.load(b + offsets, mask=mask, other=0.0)
     tl.store(partials + pid_r.to(tl.int64) * D + cols, tl.sum(x * y, axis=0), mask=cmask)
@@ -39,10 +46,7 @@ def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.co
 def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, alpha_prev,
                     delta, done, alpha_out, partials, n, D, ROWS: tl.constexpr,
                     BLOCK_D: tl.constexpr):
-    pid_r = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
+    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
     # the step lengths of this block's channels (every program makes the same ones)
     g = tl.load(gamma + cols, mask=cmask, other=0.0)
     g_prev = tl.load(gamma_prev + cols, mask=cmask, other=0.0)
@@ -56,10 +60,6 @@ def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, 
     alpha = tl.where(running & positive, g / tl.where(positive, denominator, 1.0), 0.0)
     tl.store(alpha_out + cols, alpha, mask=cmask & (pid_r == 0))
 
-    rows = pid_r * ROWS + tl.arange(0, ROWS)
-    rmask = rows < n
-    mask = rmask[:, None] & cmask[None, :]
-    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
     inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
     # u = M^-1 r (what the last update stored, to its rounding): r is read anyway, so u is
     # written for the sweep but not read back here (10 vectors moved per iteration, not 11)
