@@ -99,9 +99,13 @@ def _tiny(dtype: torch.dtype, device: torch.device) -> Tensor:
     """The dtype's smallest normal number as a one-element tensor on the device (a Python
     float argument would reach the kernel as float32, where float64's is 0)."""
     key = (dtype, device)
-    if key not in _TINY:
-        _TINY[key] = torch.full((1,), torch.finfo(dtype).tiny, dtype=dtype, device=device)
-    return _TINY[key]
+    if key in _TINY:
+        return _TINY[key]
+    tiny = torch.full((1,), torch.finfo(dtype).tiny, dtype=dtype, device=device)
+    # (a tensor made while a CUDA graph is captured holds its value only during replays)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _TINY[key] = tiny
+    return tiny
 
 
 def _grid(n: int, d: int):
