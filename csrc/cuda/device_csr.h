@@ -25,13 +25,19 @@ struct DeviceCsr {
   }
 };
 
-inline DeviceCsr make_device_csr(const at::Tensor& rowptr, const at::Tensor& col,
-                                 simt::Stream stream) {
+// The graph's part of a DeviceCsr (no schedule yet).
+inline DeviceCsr device_csr_graph(const at::Tensor& rowptr, const at::Tensor& col) {
   DeviceCsr s;
   s.rowptr = rowptr.contiguous();
   s.n = num_rows(rowptr);
   s.col = index32(col, s.n);
   s.m = col.numel();
+  return s;
+}
+
+inline DeviceCsr make_device_csr(const at::Tensor& rowptr, const at::Tensor& col,
+                                 simt::Stream stream) {
+  DeviceCsr s = device_csr_graph(rowptr, col);
   const auto i64 = rowptr.options().dtype(at::kLong);
   at::Tensor counts = at::empty({3, s.n}, i64);
   check_status(launch_schedule_counts(s.rowptr.data_ptr<int64_t>(), s.n,

@@ -116,11 +116,7 @@ class DevicePasses {
                 s.size(), " tensors: pass csr_schedule(rowptr, col)");
   }
   Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList s) const {
-    Csr csr;
-    csr.rowptr = rowptr.contiguous();
-    csr.n = num_rows(rowptr);
-    csr.col = index32(col, csr.n);
-    csr.m = col.numel();
+    Csr csr = device_csr_graph(rowptr, col);
     csr.incl = s[0];
     csr.segment_row = s[1];
     csr.heavy_row = s[2];

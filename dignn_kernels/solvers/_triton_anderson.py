@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..backends.triton import _consts
 from ._triton_cg import ROWS, _block_d, _tile
 
 __all__ = ["window_dots", "window_mix", "small_spd_solve"]
@@ -92,22 +93,6 @@ def _small_spd_solve_kernel(a, b, x, tiny, B, M: tl.constexpr, MP: tl.constexpr,
     tl.store(x + batch.to(tl.int64)[:, None] * M + idx[None, :], out, mask=vec)
 
 
-_TINY: "dict[tuple, Tensor]" = {}
-
-
-def _tiny(dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The dtype's smallest normal number as a one-element tensor on the device (a Python
-    float argument would reach the kernel as float32, where float64's is 0)."""
-    key = (dtype, device)
-    if key in _TINY:
-        return _TINY[key]
-    tiny = torch.full((1,), torch.finfo(dtype).tiny, dtype=dtype, device=device)
-    # (a tensor made while a CUDA graph is captured holds its value only during replays)
-    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        _TINY[key] = tiny
-    return tiny
-
-
 def _grid(n: int, d: int):
     return (triton.cdiv(n, ROWS), triton.cdiv(d, _block_d(d)))
 
@@ -144,7 +129,7 @@ def small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
         return x
     mp = triton.next_power_of_2(m)
     block_b = max(1, min(32, 1024 // (mp * mp)))
+    tiny = _consts((torch.finfo(a.dtype).tiny,), a.dtype, a.device)  # exact in float64
     _small_spd_solve_kernel[(triton.cdiv(batch, block_b),)](
-        a.contiguous(), b.contiguous(), x, _tiny(a.dtype, a.device), batch, M=m, MP=mp,
-        BLOCK_B=block_b)
+        a.contiguous(), b.contiguous(), x, tiny, batch, M=m, MP=mp, BLOCK_B=block_b)
     return x
