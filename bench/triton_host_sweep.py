@@ -21,12 +21,15 @@ The same for an iteration of cg with the Triton vector update (its dot, step and
 launches stubbed, the sweep an identity): the bookkeeping (residual, history, flags, stopping
 test) in the update's one kernel against the same in PyTorch ops; and for an iteration of
 cg on the Triton backend's system (every launch stubbed): its sweep as the backend's row
-product (the dots w.u from the sweep) against the row pass op and a separate dot kernel.
+product (the dots w.u from the sweep) against the row map (the row pass prepared once per
+solve) and the row pass op, each with a separate dot kernel.
 
 And for an iteration of Anderson (window 5) on a stubbed sweep: its vector work (the window's
 dot products, small SPD solves and mix) as Triton kernels (launches stubbed) against PyTorch
 ops (elementwise small solves, a GPU's without Triton; LAPACK's, the CPU's), with the PyTorch
-ops each variant runs per iteration (each a kernel launch on a GPU).
+ops each variant runs per iteration (each a kernel launch on a GPU); and for an iteration of
+Anderson on the Triton backend's system (every launch stubbed): its sweep as the backend's
+row map against the row pass op.
 
 On a GPU each small op is a kernel launch (a few microseconds of host time each); this
 measures the CPU-side cost only, not the GPU's.
@@ -72,7 +75,7 @@ def main(out_path):
     w, chi, kappa = graph.fixed_laplacian("rw", torch.float32)
     x = torch.randn(NODES, CHANNELS, generator=gen)
     variants = {"row_step": tb.TRITON,
-                "row_pass": dataclasses.replace(tb.TRITON, row_step=None)}
+                "row_pass": dataclasses.replace(tb.TRITON, row_step=None, row_map=None)}
     systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
                                                   kappa, 2.2)
                for name, backend in variants.items()}
@@ -100,6 +103,8 @@ def main(out_path):
     result["cg_sweep_us_per_iteration"] = cg_sweep_host_times(graph, w, chi, kappa, x)
     result["anderson_us_per_iteration"], result["anderson_torch_ops_per_iteration"] = \
         anderson_host_times(x)
+    result["anderson_sweep_us_per_iteration"] = anderson_sweep_host_times(graph, w, chi, kappa,
+                                                                          x)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
@@ -170,15 +175,17 @@ def cg_sweep_host_times(graph, w, chi, kappa, x):
     """Host time per iteration of cg on the Triton backend's system, its launches stubbed
     (the sweep an identity, the vector update, dots and bookkeeping kernels no-ops): the
     sweep as the backend's row product (its dots w.u from the sweep's own partial sums)
-    against the row pass (a dispatcher op and its checks, a zero right-hand side) and the
-    dot kernel."""
+    against the row map (the row pass prepared once per solve, a zero right-hand side) and
+    the row pass op (a dispatcher op, its checks and the schedule's lookup per sweep), each
+    with the dot kernel."""
     from dignn_kernels.solvers import _triton_cg, cg_update
     sums = torch.ones(2, CHANNELS)
     _triton_cg.column_dots = lambda a, b: a.new_ones(a.shape[1])
     _triton_cg.cg_step = lambda state, w, delta, done: (state.alpha_prev, sums.clone())
     _triton_cg.cg_finish = lambda sums, flags, history, k: None
     variants = {"row_product": tb.TRITON,
-                "row_pass": dataclasses.replace(tb.TRITON, row_product=None)}
+                "row_map": dataclasses.replace(tb.TRITON, row_product=None),
+                "row_pass": dataclasses.replace(tb.TRITON, row_product=None, row_map=None)}
     systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
                                                   kappa, 2.2)
                for name, backend in variants.items()}
@@ -254,6 +261,35 @@ def anderson_host_times(x):
     print("anderson ops per iteration: " + ", ".join(f"{k} {v}" for k, v in ops.items()))
     return interleaved_medians(variants, iteration_us, "anderson, flag never read",
                                "us/iteration"), ops
+
+
+def anderson_sweep_host_times(graph, w, chi, kappa, x):
+    """Host time per iteration of Anderson (window 5, the flag never read) on the Triton
+    backend's system, every launch stubbed (the row pass a contraction, the vector kernels
+    no-ops: run after :func:`anderson_host_times` stubbed them): its sweep as the backend's
+    row map (the graph checked and scheduled once per solve) against the csr_fma op (a
+    dispatcher op, its checks and the schedule's lookup per sweep)."""
+    from dignn_kernels.solvers.anderson_update import TritonAndersonVectors
+    loops_module = sys.modules["dignn_kernels.solvers.loops"]
+    variants = {"row_map": tb.TRITON, "row_pass": dataclasses.replace(tb.TRITON, row_map=None)}
+    systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
+                                                  kappa, 2.2)
+               for name, backend in variants.items()}
+
+    def iteration_us(name):
+        original = loops_module.anderson_vectors_for
+        loops_module.anderson_vectors_for = lambda rhs, window, kernels: \
+            TritonAndersonVectors(rhs, window)
+        try:
+            start = time.perf_counter()
+            dk.solvers.solve_forward(systems[name], x, "anderson", max_iter=SWEEPS + 1, tol=0.0,
+                                     check_every=0)
+            return (time.perf_counter() - start) / SWEEPS * 1e6
+        finally:
+            loops_module.anderson_vectors_for = original
+
+    return interleaved_medians(variants, iteration_us,
+                               "anderson on the system, flag never read", "us/iteration")
 
 
 if __name__ == "__main__":

@@ -416,6 +416,82 @@ def test_row_product_is_the_row_pass_with_its_dots(device, kind, n, d, dtype, ch
     assert not product(yd, kept, flags).any() and bool((kept == 7.0).all())
 
 
+@pytest.mark.parametrize("kind,n,d,dtype,storage,chunk", ROW_STEP_CASES, indirect=["chunk"])
+def test_row_map_is_the_row_pass(device, kind, n, d, dtype, storage, chunk):
+    """The row map (the row pass of one graph and coefficients, prepared once) returns what
+    the csr_fma op returns, bit for bit, call after call (heavy rows, two channel tiles,
+    16-bit iterates and right-hand sides), reading a non-contiguous y or b as its
+    contiguous copy."""
+    g, x, p, q, a, chi = graph_inputs(kind, n=n, d=d, dtype=dtype)
+    gen = torch.Generator().manual_seed(5)
+    w, cy, rs = (torch.randn(m, generator=gen, dtype=dtype) for m in (g.num_edges,) + 2 * (n,))
+    rp, cl, wd, cyd, rsd = to(device, g.rowptr, g.col, w, cy, rs)
+    row_map = tb.TRITON.row_map(rp, cl, wd, cyd, rsd)
+    for seed in (6, 7):
+        gen.manual_seed(seed)
+        y, b = (torch.randn(x.shape, generator=gen, dtype=dtype).to(storage or dtype)
+                .to(device) for _ in range(2))
+        want = tk.csr_fma(rp, cl, wd, y, b, cyd, rsd)
+        got = row_map(y, b)
+        assert got.dtype == y.dtype and torch.equal(got, want)
+        assert not torch.equal(got, tk.csr_fma(rp, cl, wd, y, 2 * b, cyd, rsd))
+    strided_y, strided_b = (t.t().contiguous().t() for t in (y, b))
+    assert not strided_y.is_contiguous()
+    assert torch.equal(row_map(strided_y, strided_b), want)
+
+
+def system_on(backends, device, kind, laplacian, mu):
+    """(x, one EquilibriumSystem per backend) of a 30-node float32 graph of `kind` with the
+    `laplacian`'s weights (the neural one's from a fresh layer's projections), on `device`
+    (W^T's CSR given on a directed graph)."""
+    x, ei, w = make_graph(kind, n=30, d=6, dtype=torch.float32)
+    g = dk.build_graph(ei, x.size(0), w)
+    if laplacian == "neural":
+        layer = make_layer(6, "neural", dtype=torch.float32)
+        a, degree = g.values(x.dtype)
+        chi, p, q = layer._projections(x, degree)
+        wf, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p.detach(), q.detach())
+        chi = chi.detach()
+    else:
+        wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
+    t = g.transposed() or (None, None, None)
+    args = to(device, g.rowptr, g.col, wf, chi, kappa)
+    transposed = dict(zip(("t_rowptr", "t_col", "t_perm"), to(device, *t)))
+    return x, [dk.solvers.EquilibriumSystem(backend, *args, mu, **transposed)
+               for backend in backends]
+
+
+# (solver, the sweep it would take instead of the row map: off in both variants)
+ROW_MAP_SOLVERS = [("anderson", ()), ("fixed_point", ("row_step",)), ("cg", ("row_product",))]
+ROW_MAP_GRAPHS = [("symmetric", "rw"), ("directed", "neural"), ("zero_rows", "sym")]
+ROW_MAP_SOLVES = [(solver, off, kind, laplacian) for solver, off in ROW_MAP_SOLVERS
+                  for kind, laplacian in ROW_MAP_GRAPHS
+                  if not (solver == "cg" and kind == "directed")]  # cg: symmetric W only
+
+
+@pytest.mark.parametrize("solver,without_sweep,kind,laplacian", ROW_MAP_SOLVES)
+def test_solvers_on_the_row_map_equal_them_on_the_row_pass(device, solver, without_sweep, kind,
+                                                           laplacian):
+    """The solvers' sweeps on the Triton row map (anderson's; the fixed point's without a row
+    step; cg's without a row product) against the same solves on the csr_fma op: the same
+    solution bit for bit, sweeps, flags and stats, forward and adjoint (over W^T on the
+    directed graph), the flag read every sweep and never."""
+    off = dict.fromkeys(without_sweep)
+    mapped = dataclasses.replace(tb.TRITON, **off)
+    plain = dataclasses.replace(tb.TRITON, row_map=None, **off)
+    assert mapped.row_map is not None
+    x, systems = system_on((mapped, plain), device, kind, laplacian, 2.2)
+    xd = x.to(device)
+    for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
+        for check_every in (1, 0):
+            on_map, on_op = (solve(system, xd, solver, max_iter=25, tol=1e-6,
+                                   check_every=check_every) for system in systems)
+            assert torch.equal(on_map.solution, on_op.solution)
+            assert int(on_map.sweeps) == int(on_op.sweeps) > 2
+            assert bool(on_map.diverged) == bool(on_op.diverged)
+            assert torch.equal(on_map.stats(), on_op.stats())
+
+
 @pytest.mark.parametrize("vector_kernels", ["torch", "triton"])
 @pytest.mark.parametrize("kind,laplacian,mu,max_iter,tol",
                          [("symmetric", "rw", 2.2, 80, 1e-6), ("zero_rows", "sym", 0.4, 12, 0.0),
@@ -475,20 +551,28 @@ def test_zero_width_solves_on_the_prepared_sweeps(device):
             assert out.solution.shape == (10, 0) and not bool(out.diverged)
 
 
+class _NoLaunch:
+    """A Triton kernel whose launches do nothing (``kernel[grid](...)``)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
 def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
-    """The host side of a Triton solve (the schedule, the prepared row step and row product,
-    their checks, the loops, cg's Triton update) reads no value back to the host between
-    flag checks: each read would be a device sync on a GPU. The Triton launches are stubbed
-    (under the interpreter a launch itself copies its tensors to NumPy); the stubs leave the
-    state as it is, so every solve runs its max_iter sweeps and reads its flag exactly where
-    check_every says."""
+    """The host side of a Triton solve (the schedule, the prepared row step, row product and
+    row map, their checks, the loops, cg's and anderson's Triton vector work) reads no value
+    back to the host between flag checks: each read would be a device sync on a GPU. The
+    Triton launches are stubbed (under the interpreter a launch itself copies its tensors to
+    NumPy); the stubs leave the state as it is and anderson's map never converges, so every
+    solve runs its max_iter sweeps and reads its flag exactly where check_every says."""
     pytest.importorskip("triton")
-    from dignn_kernels.solvers import _triton_cg, cg_update
+    from dignn_kernels.solvers import _triton_anderson, _triton_cg, cg_update
+    from dignn_kernels.solvers.anderson_update import TritonAndersonVectors
     jit = tb._jit()
     monkeypatch.setattr(tb, "_require_device", lambda t: None)  # CPU tensors, nothing runs
 
     def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
-        out.copy_(y)
+        torch.add(y, 0 if b is None else b, out=out)  # anderson's y -> y + x never converges
         return y.new_ones(4, y.shape[1]) if dots else y.new_zeros(12, dtype=torch.float64)
 
     monkeypatch.setattr(jit, "csr_fma", csr_fma)
@@ -498,12 +582,16 @@ def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
         state.alpha_prev, state.r.new_ones(2, state.r.shape[1])))
     monkeypatch.setattr(_triton_cg, "cg_finish", lambda sums, flags, history, k: None)
     monkeypatch.setattr(loops, "cg_update_for", lambda rhs, kernels: cg_update.TritonCGUpdate)
+    for name in ("_window_dots_kernel", "_window_mix_kernel", "_small_spd_solve_kernel"):
+        monkeypatch.setattr(_triton_anderson, name, _NoLaunch())
+    monkeypatch.setattr(loops, "anderson_vectors_for",
+                        lambda rhs, window, kernels: TritonAndersonVectors(rhs, window))
     x, ei, w = make_graph("weighted", n=30, d=4, dtype=torch.float32)
     g = dk.build_graph(ei, x.size(0), w)
     wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
     for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_product=None)):
         system = dk.solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, 2.2)
-        for solver in ("fixed_point", "cg"):
+        for solver in ("fixed_point", "cg", "anderson"):
             for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
                 for check_every, max_iter, reads in ((16, 15, 0), (0, 15, 0), (4, 9, 2)):
                     with HostReads() as counted:
@@ -526,23 +614,9 @@ def test_fixed_point_on_the_row_step_equals_the_row_pass_loop(device, kind, lapl
     sweeps that write nothing) against the same loop on the Triton row pass: the same
     iterate bit for bit, sweeps, divergence flag and residuals, forward and adjoint, with
     the flag read every sweep, every 4 sweeps or never."""
-    x, ei, w = make_graph(kind, n=30, d=6, dtype=torch.float32)
-    g = dk.build_graph(ei, x.size(0), w)
-    if laplacian == "neural":
-        layer = make_layer(6, "neural", dtype=torch.float32)
-        a, degree = g.values(x.dtype)
-        chi, p, q = layer._projections(x, degree)
-        wf, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p.detach(), q.detach())
-        chi = chi.detach()
-    else:
-        wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
-    t = g.transposed() or (None, None, None)
-    args = to(device, g.rowptr, g.col, wf, chi, kappa)
-    systems = [dk.solvers.EquilibriumSystem(backend, *args[:3], *args[3:], mu,
-                                            **dict(zip(("t_rowptr", "t_col", "t_perm"),
-                                                       to(device, *t))))
-               for backend in (tb.TRITON, dataclasses.replace(tb.TRITON, row_step=None))]
-    assert systems[1].row_step_of(False, x, chi) is None
+    x, systems = system_on((tb.TRITON, dataclasses.replace(tb.TRITON, row_step=None)), device,
+                           kind, laplacian, mu)
+    assert systems[1].row_step_of(False, x, systems[1].mass) is None
     xd = x.to(device)
     for solve in (dk.solvers.solve_forward, dk.solvers.solve_adjoint):
         for check_every in (1, 4, 0):
@@ -715,6 +789,19 @@ def test_bad_input_is_named(device):
     with pytest.raises(RuntimeError, match="history must be a contiguous 1-D float64 tensor "
                                            "of at least 9 entries"):
         step(x, torch.empty_like(x), state, history, 9)
+    with pytest.raises(RuntimeError, match=r"cy must have shape \[20\]"):
+        tb.TRITON.row_map(rp, cl, a, chi[:3], chi)
+    with pytest.raises(RuntimeError, match="w must be float32 or float64"):
+        tb.TRITON.row_map(rp, cl, a.half(), chi.half(), chi.half())
+    row_map = tb.TRITON.row_map(rp, cl, a, chi, chi)
+    with pytest.raises(RuntimeError, match="y must have dtype torch.float64"):
+        row_map(x.float(), x)
+    with pytest.raises(RuntimeError, match="y has 3 rows but the graph has 20 nodes"):
+        row_map(x[:3], x[:3])
+    with pytest.raises(RuntimeError, match=r"b must have shape \[20, 5\]"):
+        row_map(x, x[:, :2])
+    with pytest.raises(RuntimeError, match="y must be 2-D"):
+        row_map(x[:, 0], x[:, 0])
     with pytest.raises(RuntimeError, match=r"rs must have shape \[20\]"):
         tb.TRITON.row_product(rp, cl, a, chi, chi[:4])
     product = tb.TRITON.row_product(rp, cl, a, chi, chi)

@@ -12,8 +12,8 @@ optional row map, row step and row product and an optional fused solve:
   with dl/dW_ij = v_i . (z_j - z_i): the neural Laplacian's share of the implicit backward.
   ``t_*`` describe W^T for directed graphs (None on symmetric ones);
 - ``row_map`` (optional): ``row_map(rowptr, col, w, cy, rs) -> map``, the row pass of one
-  graph and its coefficients prepared for a solve (on a GPU, the compiled backend's: the CSR's
-  schedule made once, not in every call); ``map(y, b)`` returns b + cy.y + rs.(W y) as
+  graph and its coefficients prepared for a solve (the GPU backends': the CSR checked and
+  scheduled once, not in every call); ``map(y, b)`` returns b + cy.y + rs.(W y) as
   ``row_pass`` does. The solvers' maps run on it (:class:`dignn_kernels.solvers.
   EquilibriumSystem`: the sweeps of anderson, of cg without a row product, of a fixed point
   without a row step, and every sweep of a partitioned solve); without it, on ``row_pass``;

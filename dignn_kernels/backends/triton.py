@@ -9,9 +9,10 @@
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
 loop of its own, but gives the solvers' fixed point a row step (:func:`_row_step`: the row
 pass into a given buffer, nothing once the solve is done, then the sweep's bookkeeping from
-the sums of its output in one small kernel) and cg a row product (:func:`_row_product`: the
-sweep w = A u with its dot products w.u in the same kernel), plain functions that only the
-solves call.
+the sums of its output in one small kernel), cg a row product (:func:`_row_product`: the
+sweep w = A u with its dot products w.u in the same kernel) and the other sweeps a row map
+(:func:`_row_map`: the row pass with the graph checked and scheduled once per solve), plain
+functions that only the solves call.
 Each op checks shapes, dtypes and devices with the shared checks of :mod:`dignn_kernels.checks`
 (for direct callers of ``torch.ops.dignn_triton``); the graph's data are checked once at the
 op boundary (:mod:`dignn_kernels.ops`, the solve entry).
@@ -347,6 +348,43 @@ def _(rowptr, col, w, y, b, cy, rs):
     return torch.empty_like(y)
 
 
+def _prepared_coefficients(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
+                           ) -> tuple:
+    """(n, schedule, col, w, cy, rs) of a row pass prepared for a solve (the row map's and
+    the row product's): the graph, its weights (float32 or float64) and the row coefficients
+    checked once, made contiguous, and the CSR scheduled (None without nodes)."""
+    n = _checked_graph(rowptr, col, w, "w")
+    check_compute_dtype(w, "w")
+    check_values(cy, "cy", [n], w, rowptr)
+    check_values(rs, "rs", [n], w, rowptr)
+    sched = schedule_for(rowptr, col.numel()) if n else None
+    return (n, sched) + tuple(t.contiguous() for t in (col, w, cy, rs))
+
+
+def _row_map(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
+             ) -> Callable[[Tensor, Tensor], Tensor]:
+    """The row pass b + cy.y + rs.(W y) of one graph and its coefficients prepared for a solve
+    (see :class:`~dignn_kernels.backends.interface.RowMap`): the graph, weights and
+    coefficients checked, made contiguous and scheduled once, so a sweep (anderson's, a
+    partitioned solve's) costs the checks of y and b and the row kernels' launches, where
+    the ``csr_fma`` op checks the graph, looks its schedule up and goes through the
+    dispatcher on every call. Its output is the op's, bit for bit."""
+    n, sched, col, w, cy, rs = _prepared_coefficients(rowptr, col, w, cy, rs)
+    jit = _jit()
+    never_done = _flag(w.device)  # the kernels read it; nothing writes it
+
+    def row_map(y: Tensor, b: Tensor) -> Tensor:
+        check_features(y, "y", n, rowptr, storage_ok=True)
+        check_values(y, "y", y.shape, w, rowptr, storage_ok=True)  # w's dtype, or 16 bits
+        check_values(b, "b", y.shape, w, rowptr, storage_ok=True)
+        out = torch.empty_like(y, memory_format=torch.contiguous_format)
+        if n:
+            jit.csr_fma(sched, col, w, y.contiguous(), b.contiguous(), cy, rs, out, never_done)
+        return out
+
+    return row_map
+
+
 def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs: Tensor,
               c: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, int], None]:
     """The row step of one fixed-point map (see :class:`~dignn_kernels.backends.interface.
@@ -407,13 +445,8 @@ def _row_product(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
     kernels.backends.interface.RowProduct`), prepared once per solve: a cg sweep costs the
     row pass's launch (no right-hand side read; the dots in its epilogue instead of a
     second pass over w and u) and a sum of its partial dots."""
-    n = _checked_graph(rowptr, col, w, "w")
-    check_compute_dtype(w, "w")
-    check_values(cy, "cy", [n], w, rowptr)
-    check_values(rs, "rs", [n], w, rowptr)
-    sched = schedule_for(rowptr, col.numel()) if n else None
+    n, sched, col, w, cy, rs = _prepared_coefficients(rowptr, col, w, cy, rs)
     jit = _jit()
-    col, w, cy, rs = (t.contiguous() for t in (col, w, cy, rs))
 
     def product(y: Tensor, out: Tensor, done: Tensor) -> Tensor:
         if y.dim() != 2 or y.shape[0] != n or y.dtype != w.dtype or y.device != w.device:
@@ -488,4 +521,4 @@ _ops = torch.ops.dignn_triton
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
                  gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES,
-                 row_step=_row_step, row_product=_row_product)
+                 row_step=_row_step, row_product=_row_product, row_map=_row_map)

@@ -4,8 +4,8 @@ The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(
 L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass
 (:attr:`Backend.row_pass <dignn_kernels.backends.interface.Backend>`) with per-row
 coefficients, so the solvers of :mod:`.loops` run on every backend; it is prepared once per
-system as the backend's row map where it has one (:attr:`Backend.row_map`: on a GPU, the
-CSR's schedule made once for all of a solve's sweeps).
+system as the backend's row map where it has one (:attr:`Backend.row_map`: on the GPU
+backends, the CSR checked and scheduled once for all of a solve's sweeps).
 """
 from typing import Callable, Optional
 
