@@ -19,8 +19,9 @@
 #   gpu_<device>_summary.txt   the benchmark's table and every goal met or missed
 #   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
 #   gpu_<device>_locality.json the locality benchmark's pytest-benchmark JSON (mode locality)
-#   session.log, build.log, tests.log, bench.log, epochs.log
-# and copies of the first three under bench/results/ of the tree it ran in.
+#   gpu_<device>_locality_summary.txt  its goal (products-sized step <= 150 ms), met or missed
+#   session.log (everything printed: tests, benchmarks, epochs), build.log
+# and copies of the results under bench/results/ of the tree it ran in.
 #
 # Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs|locality]  (default all; the others skip
 #         the build when dignn_kernels with CUDA kernels is already installed)
@@ -100,7 +101,7 @@ tests_rc=null
 if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "tests" ]; }; then
   timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider \
     --durations=25 \
-    --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+    --junitxml="$OUT/tests.xml" 2>&1
   tests_rc=$?
 fi
 
@@ -108,22 +109,21 @@ bench_rc=null
 if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "bench" ]; }; then
   DIGNN_BENCH_SUMMARY="$OUT/gpu_${slug}_summary.txt" timeout "${BENCH_TIMEOUT:-170}" \
     $PY -m pytest bench/test_gpu_speed.py -q -s -rs -p no:cacheprovider \
-    --benchmark-json "$OUT/gpu_${slug}.json" 2>&1 | tee "$OUT/bench.log"
+    --benchmark-json "$OUT/gpu_${slug}.json" 2>&1
   bench_rc=$?
 fi
 
 epochs_rc=null
 if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; then
-  timeout "${EPOCHS_TIMEOUT:-100}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda \
-    2>&1 | tee "$OUT/epochs.log"
+  timeout "${EPOCHS_TIMEOUT:-100}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda 2>&1
   epochs_rc=$?
 fi
 
 locality_rc=null
 if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
-  timeout "${LOCALITY_TIMEOUT:-420}" $PY -m pytest bench/test_locality.py -m cuda -q -s -rs \
-    -p no:cacheprovider --benchmark-json "$OUT/gpu_${slug}_locality.json" 2>&1 \
-    | tee "$OUT/locality.log"
+  DIGNN_LOCALITY_SUMMARY="$OUT/gpu_${slug}_locality_summary.txt" \
+    timeout "${LOCALITY_TIMEOUT:-420}" $PY -m pytest bench/test_locality.py -m cuda -q -s -rs \
+    -p no:cacheprovider --benchmark-json "$OUT/gpu_${slug}_locality.json" 2>&1
   locality_rc=$?
 fi
 
@@ -159,10 +159,13 @@ EOF
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
   for f in "$run_name" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
-           "gpu_${slug}_epochs.json" "gpu_${slug}_locality.json"; do
+           "gpu_${slug}_epochs.json" "gpu_${slug}_locality.json" \
+           "gpu_${slug}_locality_summary.txt"; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
 fi
-rm -f "$OUT/tests.xml" "$OUT/versions.txt"  # folded into the run JSON (8 files come back)
+rm -f "$OUT/tests.xml" "$OUT/versions.txt"  # folded into the run JSON
+# At most 8 files come back from a device call: session.log (everything printed, the tests',
+# the benchmarks' and the epochs' output included), build.log and the results: 6 in mode all.
 ls -la "$OUT"
 [ "$build_rc" -eq 0 ]

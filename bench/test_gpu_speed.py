@@ -31,12 +31,15 @@ test_cached_sweep_storage times one cached row pass per backend with float32 and
 iterates, each beside the gather floor in its dtype (goal: cuda at most triton's time);
 test_triton_row_step times the triton step with the backend's row step (the solvers' fixed
 point takes its norms from the sweep) against the same loop on its row pass alone;
-test_kernel_times profiles the training step above (cornell5 and the Penn94-shaped graph, cuda
+test_captured_step times the step replayed from a CUDA graph beside the eager step (what the
+host's launches cost); test_kernel_times profiles the training step above (cornell5 and the Penn94-shaped graph, cuda
 and triton backends) with torch.profiler and sums the device time and the launches per kernel
 role (bench/kernel_times.py: cached row pass, neural row pass, gradient pass, heavy-row combine,
 step bookkeeping, dense aten work, other); the goal: the CUDA backend at least as fast as the
-Triton one on the three passes. test_summary states every goal and by how much it is met
-or missed, prints it and writes it to $DIGNN_BENCH_SUMMARY (if set).
+Triton one on the three passes. Goals of the step: the Penn94-shaped step in at most 3.0 ms
+(the faster backend), each backend at least 10x faster than the plain composition and 120x
+than the authors' layer (its times from the first run's H100: compared on an H100 only).
+test_summary states every goal and by how much it is met or missed, prints it and writes it to $DIGNN_BENCH_SUMMARY (if set).
 
 Byte model (float32 values, int32 columns, int64 row pointers; n nodes, m CSR entries,
 d = h = 64 channels), what the fused passes must move between memory and the SMs:
@@ -407,6 +410,52 @@ def _interleaved(benchmark, timed, variants, rounds):
     return info
 
 
+CAPTURED = {}  # (graph, backend) -> the step eager and replayed from a CUDA graph
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("graph_name", GOAL_GRAPHS)
+def test_captured_step(benchmark, graph_name, backend):
+    """The training step of test_training_step (forward + backward, 10 + 10 iterations)
+    captured once in a CUDA graph and replayed, against the same step run eagerly,
+    interleaved: what the step costs without the host's launches and Python between the
+    kernels (the solves never sync with the host, so the whole step captures; a user gets
+    it with torch.cuda.graphs). Replays equal the eager step (tests/test_cuda.py)."""
+    if backend not in dk.available_backends(device()):
+        pytest.skip(f"backend {backend!r} is not available in this build")
+    ei, n, _ = load_graph(graph_name)
+    torch.manual_seed(1)
+    x = torch.randn(n, CHANNELS, device=device(), requires_grad=True)
+    layer = make_layer()
+    layer.backend = backend
+
+    def step():
+        layer(x, ei).square().sum().backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: graph preprocessing, JIT, allocator
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert layer.backend_used == backend
+
+    def timed(variant):
+        if variant == "captured":
+            graph.replay()
+        else:
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+            step()
+
+    CAPTURED[(graph_name, backend)] = _interleaved(benchmark, timed, ("captured", "eager"),
+                                                   ROUNDS[backend])
+
+
 FUSED16 = {}  # graph -> the cuda bf16 step in its fused loop and in the solvers' loop
 
 
@@ -510,6 +559,59 @@ def _ratio_line(goal, value, target, higher_is_better=True, unit="x"):
                f"{target}{unit}) {verdict}"
 
 
+# The step's goals on the two goal graphs, for the faster GPU backend (what "auto" should
+# pick): its step at most STEP_GOAL_MS on the Penn94-shaped graph, at least COMPOSITION_GOAL x
+# faster than the plain composition (cuSPARSE) and AUTHORS_GOAL x faster than the authors'
+# implicit layer. Their layer is not in this repository: its step times are those of the first
+# GPU run (an H100, torch 2.11; bench/results/gpu_h100_2026-11-23/independent_checks.json,
+# "official"), so that ratio is stated only on an H100 (another device's step is not
+# comparable with them).
+STEP_GOAL_MS = {"penn94_like": 3.0}
+COMPOSITION_GOAL, AUTHORS_GOAL = 10, 120
+AUTHORS_LAYER_H100_MS = {"cornell5": 272.9, "penn94_like": 383.5}
+
+
+def _step_goal_lines(lines):
+    """Goal checks of the step (see STEP_GOAL_MS); appends information lines to ``lines``:
+    each backend's ratios, its step replayed from a CUDA graph, and why the authors' times
+    are not compared on a device other than an H100."""
+    checks = []
+    on_h100 = "H100" in torch.cuda.get_device_name()
+    for g in GOAL_GRAPHS:
+        steps = {v: RESULTS[(g, v)]["ms_per_step"] for v in ("cuda", "triton")
+                 if (g, v) in RESULTS}
+        if not steps:
+            continue
+        composition = RESULTS.get((g, "torch"), {}).get("ms_per_step")
+        ratios = {v: ((f"{composition / ms:.1f}x the composition" if composition else None),
+                      (f"{AUTHORS_LAYER_H100_MS[g] / ms:.0f}x the authors' layer"
+                       if on_h100 else None)) for v, ms in steps.items()}
+        for v, ms in steps.items():
+            told = ", ".join(r for r in ratios[v] if r)
+            captured = CAPTURED.get((g, v))
+            replay = (f"; replayed from a CUDA graph {captured['captured_ms_per_step']:.2f} ms "
+                      f"(eager {captured['eager_ms_per_step']:.2f} ms in the same rounds)"
+                      if captured else "")
+            lines.append(f"{g} {v} step {ms:.2f} ms{': ' + told if told else ''}{replay}")
+        best = min(steps, key=steps.get)
+        if g in STEP_GOAL_MS:
+            checks.append(_ratio_line(f"{g} step, faster backend ({best})", steps[best],
+                                      STEP_GOAL_MS[g], higher_is_better=False, unit=" ms"))
+        if composition:
+            checks.append(_ratio_line(f"{g} {best} (faster backend) vs plain composition "
+                                      f"(cuSPARSE), speed", composition / steps[best],
+                                      COMPOSITION_GOAL))
+        if on_h100:
+            checks.append(_ratio_line(
+                f"{g} {best} (faster backend) vs the authors' layer ({AUTHORS_LAYER_H100_MS[g]} "
+                f"ms on the first run's H100), speed", AUTHORS_LAYER_H100_MS[g] / steps[best],
+                AUTHORS_GOAL))
+    if not on_h100:
+        lines.append("the authors' layer was timed on an H100 only (first run); not compared "
+                     "on this device")
+    return checks
+
+
 def _kernel_time_lines(graph_name):
     """The per-role table of test_kernel_times on one graph (cuda against triton, per step),
     and the goal checks: cuda <= triton on each pass of GOAL_ROLES."""
@@ -571,6 +673,7 @@ def test_summary():
                 checks.append(_ratio_line(f"{g} {v} vs composition, speed",
                                           RESULTS[(g, "torch")]["ms_per_step"]
                                           / fast["ms_per_step"], 5))
+    checks += _step_goal_lines(lines)
     for heavy in ("penn94_like", "penn94_heavy"):
         for v in ("cuda", "triton"):
             if (heavy, v) in RESULTS and ("uniform", v) in RESULTS:
