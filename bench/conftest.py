@@ -72,3 +72,17 @@ class PeakMemory:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])  # kB
         raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def state_goals(lines, checks, env_var):
+    """A benchmark's summary: ``lines``, a blank line and the text of each check (ok, text),
+    printed and written to the file that environment variable ``env_var`` names (if set);
+    then fails if a check is missed."""
+    summary = "\n".join(list(lines) + [""] + [text for _, text in checks])
+    print("\n" + summary)
+    path = os.environ.get(env_var)
+    if path:
+        with open(path, "w") as f:
+            f.write(summary + "\n")
+    missed = [text for ok, text in checks if not ok]
+    assert not missed, "goals missed:\n" + "\n".join(missed)

@@ -57,7 +57,6 @@ so the gather model can exceed the HBM copy bandwidth and the unique model stays
 
     DIGNN_DATA=<datasets> pytest bench/test_gpu_speed.py --benchmark-json bench/results/gpu.json
 """
-import os
 import statistics
 
 import pytest
@@ -65,7 +64,7 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import reference, synthetic
-from conftest import load_facebook100, solvers_loop, without
+from conftest import load_facebook100, solvers_loop, state_goals, without
 from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -732,13 +731,4 @@ def test_summary():
         checks.append(_ratio_line(f"products-sized step, {b}, bfloat16 storage speed-up over "
                                   "float32", wide["ms_per_step"] / narrow["ms_per_step"],
                                   STORAGE_GOAL))
-    lines.append("")
-    lines += [text for _, text in checks]
-    summary = "\n".join(lines)
-    print("\n" + summary)
-    path = os.environ.get("DIGNN_BENCH_SUMMARY")
-    if path:
-        with open(path, "w") as f:
-            f.write(summary + "\n")
-    missed = [text for ok, text in checks if not ok]
-    assert not missed, "goals missed:\n" + "\n".join(missed)
+    state_goals(lines, checks, "DIGNN_BENCH_SUMMARY")

@@ -220,7 +220,7 @@ def anderson_host_times(x):
     reads left out; on a GPU each a kernel launch, LAPACK's aside)."""
     from torch.profiler import profile
     from dignn_kernels.solvers import _triton_anderson, anderson_update
-    for name in ("_window_dots_kernel", "_window_mix_kernel", "_small_spd_solve_kernel"):
+    for name in [name for name in dir(_triton_anderson) if name.endswith("_kernel")]:
         setattr(_triton_anderson, name, _NoLaunch())
     loops_module = sys.modules["dignn_kernels.solvers.loops"]
 

@@ -1,17 +1,23 @@
 """Anderson's vector work (dignn_kernels.solvers.anderson_update): the Triton kernels (in the
 Triton interpreter on the CPU, compiled on a GPU) against the PyTorch ops, the small solves
 against a dense float64 solve, and Anderson's whole solve with each."""
+import math
+
 import pytest
 import torch
 
 from dignn_kernels import solvers
-from dignn_kernels.solvers.anderson_update import (TRITON_MAX_M, AndersonVectors,
-                                                   TritonAndersonVectors, anderson_vectors_for,
-                                                   lapack_small_spd_solve, torch_small_spd_solve)
+from dignn_kernels.solvers.anderson_update import (AA_ACCEPT, AA_DIVERGED, AA_DONE,
+                                                   AA_RESIDUAL, AA_SWEEPS, TRITON_MAX_M,
+                                                   AndersonVectors, TritonAndersonVectors,
+                                                   anderson_regularization, anderson_state,
+                                                   anderson_vectors_for, lapack_small_spd_solve,
+                                                   torch_small_spd_solve)
 
 pytest.importorskip("triton")
-from dignn_kernels.solvers._triton_anderson import (small_spd_solve, window_dots,  # noqa: E402
-                                                    window_mix)
+from dignn_kernels.solvers._triton_anderson import (anderson_finish,  # noqa: E402
+                                                    anderson_gamma, small_spd_solve, window_mix,
+                                                    window_record)
 
 triton_small_spd_solve = small_spd_solve
 
@@ -114,29 +120,138 @@ def test_anderson_with_each_solve(dtype):
         assert rel < (1e-9 if dtype == torch.float64 else 1e-4)
 
 
-@pytest.mark.parametrize("n,d,filled", [(1, 1, 1), (63, 5, 3), (130, 64, 5), (70, 80, 2),
-                                         (40, 3, 0)])
+@pytest.mark.parametrize("n,d,count,slot", [(1, 1, 1, 0), (63, 5, 3, 2), (130, 64, 5, 1),
+                                              (70, 80, 2, 0), (40, 3, 4, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_window_kernels_equal_torch(n, d, filled, dtype):
-    """The window's dots (float64 sums) and the mix gy - sum_j d_g[j] gamma[j] as Triton
-    kernels against the PyTorch ops, over the filled slots only (the others hold garbage)."""
+def test_window_kernels_equal_torch(n, d, count, slot, dtype):
+    """The record (f_new, the window's slot, the sums ||f_new||^2 (per channel in the kernel),
+    <dF_j, dF_slot>, <dF_j, f_new> in float64) and the mix gy - sum_j d_g[j] gamma[j] as Triton kernels
+    against the PyTorch ops and a float64 sum, over the filled slots only (the others hold
+    garbage; the record's own slot is read from its registers, not from memory)."""
     g = torch.Generator().manual_seed(n + d)
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE)  # noqa: E731
     m = 5
-    slots, d_g, v, gy, gamma = rnd(m, n, d), rnd(m, n, d), rnd(n, d), rnd(n, d), rnd(m, d)
-    slots[filled:] = float("nan")
-    d_g[filled:] = float("nan")
-    torch_ops = AndersonVectors(v, m)
+    gy_new, y_new, f, gy, gamma = rnd(n, d), rnd(n, d), rnd(n, d), rnd(n, d), rnd(m, d)
+    window = [rnd(m, n, d), rnd(m, n, d)]
+    for slots in window:
+        slots[count:] = float("nan")
+    torch_window = [t.clone() for t in window]
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
-    got = window_dots(slots, v, filled)
-    assert got.shape == (filled, d) and got.dtype == torch.float64
-    if filled:
-        torch.testing.assert_close(got, torch_ops.dots(slots, v, filled), **tol)
-        exact = (slots[:filled].double() * v.double()).sum(dim=1)
-        torch.testing.assert_close(got, exact, **tol)
-        mixed = window_mix(gy, d_g, gamma, filled)
-        torch.testing.assert_close(mixed, AndersonVectors.mix(gy, d_g, gamma, filled), **tol)
-        assert mixed.data_ptr() != gy.data_ptr()
+    f_new, sums = window_record(gy_new, y_new, f, gy, *window, slot, count)
+    want_f, want_sums = AndersonVectors(f, m).record(gy_new, y_new, f, gy, *torch_window, slot,
+                                                     count)
+    assert torch.equal(f_new, want_f) and torch.equal(f_new, gy_new - y_new)
+    assert torch.equal(window[0][slot], f_new - f) and torch.equal(window[1][slot], gy_new - gy)
+    for got, want in zip(window, torch_window):
+        assert torch.equal(got[:count], want[:count]) and got[count:].isnan().all()
+    assert sums.shape == (1 + 2 * count, d) and sums.dtype == torch.float64
+    # ||f_new||^2: per channel in the kernel's row, all in the first entry in PyTorch's
+    torch.testing.assert_close(sums[0].sum(), want_sums[0].sum(), **tol)
+    torch.testing.assert_close(sums[1:], want_sums[1:], **tol)
+    d_f = window[0][:count].double()
+    exact = torch.cat([f_new.double().square().sum(dim=0, keepdim=True),
+                       (d_f * d_f[slot]).sum(dim=1), (d_f * f_new.double()).sum(dim=1)])
+    torch.testing.assert_close(sums, exact, **tol)
+    mixed = window_mix(gy, window[1], gamma, count)
+    torch.testing.assert_close(mixed, AndersonVectors.mix(gy, window[1], gamma, count), **tol)
+    assert mixed.data_ptr() != gy.data_ptr()
+
+
+@pytest.mark.parametrize("m", [1, 5, TRITON_MAX_M])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gamma_kernel_equals_torch(m, dtype):
+    """gamma in one kernel (each channel's Gram matrix regularized, solved, non-finite values
+    zeroed, cast to the iterate's dtype) against the PyTorch ops (their elementwise solve),
+    for 70 channels, one of them with a NaN Gram matrix and one all zero."""
+    a, b = _systems(70, m, torch.float64, seed=m, condition=0.0)
+    a[3] = float("nan")
+    a[4] = 0.0
+    b[4] = 0.0
+    proj = b.t().contiguous()
+    vectors = AndersonVectors(torch.zeros(1, 70, dtype=dtype, device=DEVICE), m)
+    vectors.solve = torch_small_spd_solve
+    want = vectors.gamma(a, proj, dtype)
+    got = anderson_gamma(a, proj, anderson_regularization(dtype), dtype)
+    assert got.shape == (m, 70) and got.dtype == dtype
+    assert torch.isfinite(got).all() and not got[:, 3].any() and not got[:, 4].any()
+    tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, **tol)
+
+
+FINISH_CASES = {  # the sums' ||f_new||^2 row and the state's done flag before the iteration
+    "running": ([1.0, 2.0, 0.5], 0.0), "converged": ([1e-14, 0.0, 0.0], 0.0),
+    "diverged": ([1.0, float("inf"), 0.5], 0.0), "nan": ([float("nan"), 0.0, 1.0], 0.0),
+    "done": ([1.0, 2.0, 0.5], 1.0)}
+
+
+@pytest.mark.parametrize("case", sorted(FINISH_CASES))
+def test_finish_kernel_equals_torch(case):
+    """The iteration's bookkeeping in one kernel against the PyTorch ops: the Gram matrix's
+    row and column of the slot, the next right-hand side, the history and every field of
+    the state, running, converging, diverging (an infinite or NaN residual: the last finite
+    one kept, nothing accepted) and once done (nothing counted or accepted)."""
+    square, done = FINISH_CASES[case]
+    d, m, count, slot, k = 3, 5, 4, 2, 6
+    g = torch.Generator().manual_seed(len(case))
+    sums = torch.randn(1 + 2 * count, d, generator=g, dtype=torch.float64)
+    sums[0] = torch.tensor(square, dtype=torch.float64)
+    states = [anderson_state(*torch.tensor([0.7, 1e-6, 2.0], dtype=torch.float64).unbind())
+              for _ in range(2)]
+    for state in states:
+        state[AA_DONE] = done
+        state[AA_SWEEPS] = 3.0
+    grams = [torch.randn(d, m, m, generator=g, dtype=torch.float64)] * 2
+    grams[1] = grams[0].clone()
+    projs = [torch.zeros(m, d, dtype=torch.float64) for _ in range(2)]
+    histories = [torch.full((9,), float("nan"), dtype=torch.float64) for _ in range(2)]
+    (state, gram, proj, history), (t_state, t_gram, t_proj, t_history) = (
+        [t.to(DEVICE) for t in group] for group in zip(states, grams, projs, histories))
+    anderson_finish(sums.to(DEVICE), count, slot, gram, proj, state, history, k)
+    AndersonVectors.finish(sums.to(DEVICE), count, slot, t_gram, t_proj, t_state, t_history, k)
+    assert torch.equal(gram, t_gram) and torch.equal(proj, t_proj)
+    torch.testing.assert_close(history, t_history, equal_nan=True, rtol=1e-15, atol=0)
+    torch.testing.assert_close(state, t_state, rtol=1e-15, atol=0)
+    assert torch.equal(t_gram[:, :count, slot], sums[1:1 + count].t().to(DEVICE))
+    assert torch.equal(t_proj[:count], sums[1 + count:].to(DEVICE))
+    res = float(sums[0].sum().sqrt())
+    accepted = done == 0.0 and math.isfinite(res)
+    assert float(state[AA_ACCEPT]) == float(accepted)
+    assert float(state[AA_SWEEPS]) == 3.0 + (done == 0.0)
+    assert float(state[AA_DIVERGED]) == float(done == 0.0 and not math.isfinite(res))
+    assert float(state[AA_DONE]) == float(case != "running")
+    assert float(state[AA_RESIDUAL]) == (res if accepted else 0.7)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_anderson_stops_at_a_non_finite_sweep(kernels):
+    """A map whose 5th sweep (iteration 4) is infinite: the solve ends diverged with 5 sweeps
+    counted, the iterate of iteration 3 (the last accepted, finite) and its residual, whether
+    the flag is read every sweep, every 4 or never (then the later, finite sweeps change
+    nothing)."""
+    g = torch.Generator().manual_seed(2)
+    n, d = 30, 4
+    j = torch.randn(n, n, generator=g, dtype=torch.float64)
+    j = (0.9 * j / torch.linalg.matrix_norm(j, ord=2)).to(DEVICE)
+    c = torch.randn(n, d, generator=g, dtype=torch.float64).to(DEVICE)
+    results = []
+    for check_every in (1, 4, 0):
+        calls = []
+
+        def step(y):
+            calls.append(len(calls))
+            return c + j @ y if len(calls) != 5 else torch.full_like(y, float("inf"))
+
+        results.append(solvers.anderson(step, c, max_iter=12, tol=1e-14,
+                                        check_every=check_every, vector_kernels=kernels))
+        assert len(calls) == (5 if check_every == 1 else 8 if check_every == 4 else 12)
+    first = results[0]
+    assert int(first.sweeps) == 5 and bool(first.diverged)
+    assert torch.isfinite(first.solution).all() and torch.isfinite(first.residual)
+    assert float(first.history[4]) == math.inf and float(first.history[3]) > 0
+    assert float(first.relative) == pytest.approx(float(first.history[3]))
+    for other in results[1:]:
+        assert torch.equal(other.solution, first.solution)
+        assert torch.equal(other.stats(), first.stats())
 
 
 def test_which_vectors():
@@ -147,6 +262,8 @@ def test_which_vectors():
     triton_vectors = anderson_vectors_for(x, 5, "triton")
     assert type(triton_vectors) is TritonAndersonVectors
     assert triton_vectors.solve is triton_small_spd_solve
+    assert "gamma" in vars(triton_vectors)  # the gamma kernel
+    assert "gamma" not in vars(anderson_vectors_for(x, TRITON_MAX_M + 1, "triton"))
     assert anderson_vectors_for(x, TRITON_MAX_M + 1, "triton").solve is plain
     assert type(anderson_vectors_for(x, 5)) is (TritonAndersonVectors if x.is_cuda
                                                  else AndersonVectors)

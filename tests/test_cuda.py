@@ -258,12 +258,21 @@ def test_anderson_kernels_compiled(m):
     assert anderson_vectors_for(b, m).solve is kernels.small_spd_solve
     torch.testing.assert_close(kernels.small_spd_solve(a, b), torch_small_spd_solve(a, b),
                                rtol=1e-11, atol=1e-12)
-    slots, d_g = (torch.randn(m, 5000, 64, generator=g).to(DEV) for _ in range(2))
-    v, gamma = torch.randn(5000, 64, generator=g).to(DEV), torch.randn(m, 64, generator=g).to(DEV)
-    torch.testing.assert_close(kernels.window_dots(slots, v, m),
-                               AndersonVectors(v, m).dots(slots, v, m), rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(kernels.window_mix(v, d_g, gamma, m),
-                               AndersonVectors.mix(v, d_g, gamma, m), rtol=1e-5, atol=1e-5)
+    vectors = AndersonVectors(b, m)
+    gram, proj = a[:64].contiguous(), b[:64].t().contiguous()
+    torch.testing.assert_close(kernels.anderson_gamma(gram, proj, vectors._reg, torch.float32),
+                               vectors.gamma(gram, proj, torch.float32), rtol=1e-5, atol=1e-6)
+    window = [torch.randn(m, 5000, 64, generator=g).to(DEV) for _ in range(2)]
+    torch_window = [t.clone() for t in window]
+    gy_new, y_new, f, gy = (torch.randn(5000, 64, generator=g).to(DEV) for _ in range(4))
+    gamma = torch.randn(m, 64, generator=g).to(DEV)
+    f_new, sums = kernels.window_record(gy_new, y_new, f, gy, *window, m - 1, m)
+    want_f, want_sums = AndersonVectors(f, m).record(gy_new, y_new, f, gy, *torch_window, m - 1, m)
+    assert torch.equal(f_new, want_f) and torch.equal(window[0], torch_window[0])
+    torch.testing.assert_close(sums[0].sum(), want_sums[0].sum(), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(sums[1:], want_sums[1:], rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(kernels.window_mix(gy, window[1], gamma, m),
+                               AndersonVectors.mix(gy, window[1], gamma, m), rtol=1e-5, atol=1e-5)
 
 
 def test_anderson_never_syncs():

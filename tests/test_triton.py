@@ -582,7 +582,7 @@ def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
         state.alpha_prev, state.r.new_ones(2, state.r.shape[1])))
     monkeypatch.setattr(_triton_cg, "cg_finish", lambda sums, flags, history, k: None)
     monkeypatch.setattr(loops, "cg_update_for", lambda rhs, kernels: cg_update.TritonCGUpdate)
-    for name in ("_window_dots_kernel", "_window_mix_kernel", "_small_spd_solve_kernel"):
+    for name in [name for name in dir(_triton_anderson) if name.endswith("_kernel")]:
         monkeypatch.setattr(_triton_anderson, name, _NoLaunch())
     monkeypatch.setattr(loops, "anderson_vectors_for",
                         lambda rhs, window, kernels: TritonAndersonVectors(rhs, window))
@@ -944,7 +944,7 @@ class Recorder:
 
 
 from dignn_kernels.solvers import _triton_anderson as anderson_jit, _triton_cg as cg_jit, \
-    cg_update
+    anderson_update, cg_update
 for module in (jit, cg_jit, anderson_jit):
     for name in dir(module):
         if name.endswith("_kernel"):
@@ -989,9 +989,17 @@ for dtype in (torch.float32, torch.float64):
     for m in (1, 5, 16):  # anderson's small SPD solves (windows of 1, the default, the most)
         anderson_jit.small_spd_solve(torch.eye(m, dtype=dtype).repeat(64, 1, 1),
                                      torch.ones(64, m, dtype=dtype))
-    window = torch.zeros(5, 300, 64, dtype=dtype)  # anderson's window: its dots and mix
-    anderson_jit.window_dots(window, rhs, 3)
-    anderson_jit.window_mix(rhs, window, torch.ones(5, 64, dtype=dtype), 3)
+    window = [torch.zeros(5, 300, 64, dtype=dtype) for _ in range(2)]  # anderson's dF, dG
+    anderson_jit.window_record(rhs, rhs, rhs, rhs, *window, 2, 3)
+    anderson_jit.window_mix(rhs, window[1], torch.ones(5, 64, dtype=dtype), 3)
+    for m in (1, 5, 16):  # anderson's gamma (windows of 1, the default, the most)
+        anderson_jit.anderson_gamma(torch.eye(m, dtype=torch.float64).repeat(64, 1, 1),
+                                    torch.ones(m, 64, dtype=torch.float64), 1e-6, dtype)
+state = anderson_update.anderson_state(*torch.ones(3, dtype=torch.float64))
+anderson_jit.anderson_finish(torch.ones(7, 64, dtype=torch.float64), 3, 2,
+                             torch.zeros(64, 5, 5, dtype=torch.float64),
+                             torch.zeros(5, 64, dtype=torch.float64), state,
+                             torch.zeros(9, dtype=torch.float64), 3)
 
 target = GPUTarget("cuda", 90, 32)
 for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):
@@ -1000,6 +1008,11 @@ for (name, _, _), (fn, sig, consts, attrs, warps) in sorted(variants.items()):
                        options={"num_warps": warps})
     except Exception as err:
         raise SystemExit(f"{name} {consts} does not compile for sm_90: {err}")
+launched = {name for name, _, _ in variants}
+every = {name for module in (jit, cg_jit, anderson_jit) for name in dir(module)
+         if name.endswith("_kernel")}
+if every - launched:
+    raise SystemExit(f"kernels this script never launched: {sorted(every - launched)}")
 print("compiled", len(variants), "kernel variants")
 """
 
@@ -1011,7 +1024,8 @@ def test_kernels_compile_for_the_gpu(tmp_path):
     code the compiler rejects (a Python global read inside a kernel, a float64 operand a
     float32-only instruction gets): compile every variant that a forward and backward
     launch (neural and fixed weights, symmetric and directed graphs, one tile and several)
-    to sm_90 machine code, with Triton's compiler and ptxas, no GPU needed."""
+    and the solvers' vector kernels to sm_90 machine code, with Triton's compiler and
+    ptxas, no GPU needed; every kernel of the three modules is among them."""
     pytest.importorskip("triton.backends.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")

@@ -2,15 +2,20 @@
 the formulas; :class:`~.anderson_update.AndersonVectors` is the same in PyTorch, their test
 oracle).
 
-- ``_window_dots_kernel`` and ``_window_mix_kernel`` tile the n x d vectors in blocks of
+- ``_window_record_kernel`` and ``_window_mix_kernel`` tile the n x d vectors in blocks of
   ``ROWS`` rows by ``BLOCK_D`` channels, as cg's kernels do (:mod:`._triton_cg`), and loop over
-  the window's filled slots; the dots write one row of float64 partial sums per row block,
-  which a ``torch.sum`` over the blocks adds in a fixed order (deterministic, no atomics).
-- ``_small_spd_solve_kernel``: each program holds ``BLOCK_B`` systems as a
-  BLOCK_B x MP x MP tile (MP: m rounded up to a power of two) and runs the factorization and
-  both substitutions in registers, unrolled over m. An entry is read out of a tile as a
-  masked sum, and every sum runs over exactly the terms of the PyTorch solve's (k < j,
-  k < i, k > i), so a non-finite entry reaches what it reaches there.
+  the window's filled slots; the record writes one row block of float64 partial sums per
+  program, which a ``torch.sum`` over the blocks adds in a fixed order (deterministic, no
+  atomics).
+- ``_anderson_gamma_kernel`` and ``_small_spd_solve_kernel`` (the plain batched solve, tested
+  against the PyTorch one): each program holds ``BLOCK_B`` systems as a BLOCK_B x MP x MP
+  tile (MP: m rounded up to a power of two) and runs the factorization and both
+  substitutions in registers, unrolled over m (``_spd_solve_tile``). An entry is read out of
+  a tile as a masked sum, and every sum runs over exactly the terms of the PyTorch solve's
+  (k < j, k < i, k > i), so a non-finite entry reaches what it reaches there. The gamma
+  kernel takes each channel's Gram matrix and right-hand side as the loop keeps them,
+  regularizes, solves, zeroes what is not finite and writes gamma in the iterate's dtype.
+- ``_anderson_finish_kernel``: the iteration's bookkeeping in one program.
 """
 import torch
 import triton
@@ -20,20 +25,8 @@ from torch import Tensor
 from ..backends.triton import _consts
 from ._triton_cg import ROWS, _block_d, _tile
 
-__all__ = ["window_dots", "window_mix", "small_spd_solve"]
-
-
-@triton.jit
-def _window_dots_kernel(slots, v, partials, filled, n, D, slot_stride, ROWS: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
-    y = tl.load(v + offsets, mask=mask, other=0.0)
-    slot = slots + offsets  # slot j's tile: advanced by a whole slot per iteration
-    for j in range(0, filled):
-        x = tl.load(slot, mask=mask, other=0.0)
-        total = tl.sum((x * y).to(tl.float64), axis=0)
-        tl.store(partials + (pid_r.to(tl.int64) * filled + j) * D + cols, total, mask=cmask)
-        slot += slot_stride
+__all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
+           "small_spd_solve"]
 
 
 @triton.jit
@@ -50,19 +43,14 @@ def _window_mix_kernel(gy, d_g, gamma, out, filled, n, D, slot_stride, ROWS: tl.
 
 
 @triton.jit
-def _small_spd_solve_kernel(a, b, x, tiny, B, M: tl.constexpr, MP: tl.constexpr,
-                            BLOCK_B: tl.constexpr):
-    pid = tl.program_id(0)
-    batch = pid * BLOCK_B + tl.arange(0, BLOCK_B)
-    live = batch < B
+def _spd_solve_tile(A, rhs, floor, M: tl.constexpr, MP: tl.constexpr):
+    """x with A x = rhs for each of the BLOCK_B systems of the tile A (BLOCK_B x MP x MP,
+    zero beyond M) and rhs (BLOCK_B x MP), by the module's Cholesky with pivots clamped to
+    ``floor``, in registers."""
     idx = tl.arange(0, MP)
     row3 = idx[None, :, None]
     col3 = idx[None, None, :]
-    inside = live[:, None, None] & (row3 < M) & (col3 < M)
-    A = tl.load(a + batch.to(tl.int64)[:, None, None] * (M * M) + row3 * M + col3, mask=inside,
-                other=0.0)
-    floor = tl.load(tiny)
-    L = tl.zeros([BLOCK_B, MP, MP], dtype=A.dtype)
+    L = tl.zeros(A.shape, dtype=A.dtype)
     for j in tl.static_range(M):
         row_j = tl.sum(tl.where(row3 == j, L, 0.0), axis=1)  # L[:, j, :]
         a_col = tl.sum(tl.where(col3 == j, A, 0.0), axis=2)  # A[:, :, j]
@@ -73,16 +61,14 @@ def _small_spd_solve_kernel(a, b, x, tiny, B, M: tl.constexpr, MP: tl.constexpr,
         below = tl.sum(tl.where(col3 < j, L * row_j[:, None, :], 0.0), axis=2)
         column = tl.where(idx[None, :] == j, pivot[:, None], (a_col - below) / pivot[:, None])
         L = tl.where((col3 == j) & (row3 >= j) & (row3 < M), column[:, :, None], L)
-    vec = live[:, None] & (idx[None, :] < M)
-    rhs = tl.load(b + batch.to(tl.int64)[:, None] * M + idx[None, :], mask=vec, other=0.0)
-    y = tl.zeros([BLOCK_B, MP], dtype=A.dtype)
+    y = tl.zeros(rhs.shape, dtype=A.dtype)
     for i in tl.static_range(M):  # L y = b
         row_i = tl.sum(tl.where(row3 == i, L, 0.0), axis=1)  # L[:, i, :]
         l_ii = tl.sum(tl.where(idx[None, :] == i, row_i, 0.0), axis=1)
         b_i = tl.sum(tl.where(idx[None, :] == i, rhs, 0.0), axis=1)
         known = tl.sum(tl.where(idx[None, :] < i, row_i * y, 0.0), axis=1)
         y = tl.where(idx[None, :] == i, ((b_i - known) / l_ii)[:, None], y)
-    out = tl.zeros([BLOCK_B, MP], dtype=A.dtype)
+    out = tl.zeros(rhs.shape, dtype=A.dtype)
     for step in tl.static_range(M):  # L^T x = y, last row first
         i = M - 1 - step
         col_i = tl.sum(tl.where(col3 == i, L, 0.0), axis=2)  # L[:, :, i]
@@ -90,24 +76,113 @@ def _small_spd_solve_kernel(a, b, x, tiny, B, M: tl.constexpr, MP: tl.constexpr,
         y_i = tl.sum(tl.where(idx[None, :] == i, y, 0.0), axis=1)
         known = tl.sum(tl.where(idx[None, :] > i, col_i * out, 0.0), axis=1)
         out = tl.where(idx[None, :] == i, ((y_i - known) / l_ii)[:, None], out)
+    return out
+
+
+@triton.jit
+def _load_systems(a, B, M: tl.constexpr, MP: tl.constexpr, BLOCK_B: tl.constexpr):
+    """This program's systems: (their indices, which are real, the BLOCK_B x MP x MP tile of
+    the row-major M x M matrices of ``a``)."""
+    batch = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    live = batch < B
+    idx = tl.arange(0, MP)
+    row3 = idx[None, :, None]
+    col3 = idx[None, None, :]
+    inside = live[:, None, None] & (row3 < M) & (col3 < M)
+    A = tl.load(a + batch.to(tl.int64)[:, None, None] * (M * M) + row3 * M + col3, mask=inside,
+                other=0.0)
+    return batch, live, A
+
+
+@triton.jit
+def _small_spd_solve_kernel(a, b, x, tiny, B, M: tl.constexpr, MP: tl.constexpr,
+                            BLOCK_B: tl.constexpr):
+    batch, live, A = _load_systems(a, B, M, MP, BLOCK_B)
+    idx = tl.arange(0, MP)
+    vec = live[:, None] & (idx[None, :] < M)
+    rhs = tl.load(b + batch.to(tl.int64)[:, None] * M + idx[None, :], mask=vec, other=0.0)
+    out = _spd_solve_tile(A, rhs, tl.load(tiny), M, MP)
     tl.store(x + batch.to(tl.int64)[:, None] * M + idx[None, :], out, mask=vec)
+
+
+@triton.jit
+def _anderson_gamma_kernel(gram, proj, gamma, consts, D, M: tl.constexpr, MP: tl.constexpr,
+                           BLOCK_B: tl.constexpr):
+    """anderson_update.AndersonVectors.gamma for BLOCK_B channels: gram (D x M x M), proj
+    and gamma (M x D); consts = [reg, tiny] in float64."""
+    channel, live, A = _load_systems(gram, D, M, MP, BLOCK_B)
+    idx = tl.arange(0, MP)
+    row3 = idx[None, :, None]
+    col3 = idx[None, None, :]
+    vec = live[:, None] & (idx[None, :] < M)
+    rhs = tl.load(proj + idx[None, :].to(tl.int64) * D + channel[:, None], mask=vec, other=0.0)
+    reg = tl.load(consts)
+    tiny = tl.load(consts + 1)
+    diagonal = tl.sum(tl.sum(tl.where(row3 == col3, A, 0.0), axis=2), axis=1)
+    lam = reg * (diagonal / M) + tiny
+    A = tl.where((row3 == col3) & (row3 < M), A + lam[:, None, None], A)
+    out = _spd_solve_tile(A, rhs, tiny, M, MP)
+    out = tl.where(out * 0.0 == 0.0, out, 0.0)  # NaN and infinities zeroed
+    tl.store(gamma + idx[None, :].to(tl.int64) * D + channel[:, None], out, mask=vec)
+
+
+@triton.jit
+def _window_record_kernel(gy_new, y_new, f, gy, f_new, d_f, d_g, partials, slot, count, n, D,
+                          slot_stride, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """anderson_update.AndersonVectors.record for one tile, its sums as one row block of
+    float64 partial sums [1 + 2 count, D]."""
+    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
+    g_new = tl.load(gy_new + offsets, mask=mask, other=0.0)
+    fn = g_new - tl.load(y_new + offsets, mask=mask, other=0.0)
+    tl.store(f_new + offsets, fn, mask=mask)
+    df = fn - tl.load(f + offsets, mask=mask, other=0.0)
+    own = slot.to(tl.int64) * slot_stride + offsets
+    tl.store(d_f + own, df, mask=mask)
+    tl.store(d_g + own, g_new - tl.load(gy + offsets, mask=mask, other=0.0), mask=mask)
+    row = partials + pid_r.to(tl.int64) * (1 + 2 * count) * D + cols
+    tl.store(row, tl.sum((fn * fn).to(tl.float64), axis=0), mask=cmask)
+    other = d_f + offsets  # slot j's tile: advanced by a whole slot per iteration
+    for j in range(0, count):  # slot `slot` from registers (this program just wrote it)
+        x = tl.where(j == slot, df, tl.load(other, mask=mask & (j != slot), other=0.0))
+        tl.store(row + (1 + j) * D, tl.sum((x * df).to(tl.float64), axis=0), mask=cmask)
+        tl.store(row + (1 + count + j) * D, tl.sum((x * fn).to(tl.float64), axis=0),
+                 mask=cmask)
+        other += slot_stride
+
+
+@triton.jit(do_not_specialize=["k", "slot", "count"])
+def _anderson_finish_kernel(sums, gram, proj, state, history, k, slot, count, D,
+                            M: tl.constexpr, BLOCK: tl.constexpr):
+    """anderson_update.AndersonVectors.finish in one program, float64. State:
+    anderson_update.ANDERSON_STATE (0 done, 1 diverged, 2 sweeps, 3 residual, 4 target,
+    5 ref_safe, 6 accepted)."""
+    total = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
+    for start in range(0, D, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += tl.sum(tl.load(sums + cols, mask=cols < D, other=0.0), axis=0)
+        for j in range(0, count):
+            cmask = cols < D
+            column = tl.load(sums + (1 + j) * D + cols, mask=cmask, other=0.0)
+            matrix = gram + cols.to(tl.int64) * (M * M)
+            tl.store(matrix + j * M + slot, column, mask=cmask)
+            tl.store(matrix + slot * M + j, column, mask=cmask)
+            tl.store(proj + j * D + cols, tl.load(sums + (1 + count + j) * D + cols, mask=cmask,
+                                                  other=0.0), mask=cmask)
+    res = tl.sqrt(tl.where(total < 0, 0.0, total))  # a NaN stays NaN, as clamp_min keeps it
+    tl.store(history + k, res / tl.load(state + 5))
+    bad = res * 0.0 != 0.0  # NaN or inf (no float literal: they are float32)
+    done = tl.load(state) != 0
+    live = ~done
+    accept = live & ~bad
+    tl.store(state, tl.where(done | bad | (res <= tl.load(state + 4)), 1.0, 0.0))
+    tl.store(state + 1, tl.where((tl.load(state + 1) != 0) | (live & bad), 1.0, 0.0))
+    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
+    tl.store(state + 3, tl.where(accept, res, tl.load(state + 3)))
+    tl.store(state + 6, tl.where(accept, 1.0, 0.0))
 
 
 def _grid(n: int, d: int):
     return (triton.cdiv(n, ROWS), triton.cdiv(d, _block_d(d)))
-
-
-def window_dots(slots: Tensor, v: Tensor, filled: int) -> Tensor:
-    """[filled, d] float64: <slots[j], v> per channel for j < filled (slots: m x n x d, slot
-    j contiguous)."""
-    n, d = v.shape
-    if n == 0 or d == 0 or filled == 0:
-        return torch.zeros(filled, d, dtype=torch.float64, device=v.device)
-    grid = _grid(n, d)
-    partials = torch.empty(grid[0], filled, d, dtype=torch.float64, device=v.device)
-    _window_dots_kernel[grid](slots, v.contiguous(), partials, filled, n, d, slots.stride(0),
-                              ROWS=ROWS, BLOCK_D=_block_d(d))
-    return partials.sum(dim=0)
 
 
 def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
@@ -121,6 +196,49 @@ def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
     return out
 
 
+def _systems_per_program(m: int) -> int:
+    return max(1, min(32, 1024 // (triton.next_power_of_2(m) ** 2)))
+
+
+def window_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
+                  d_g: Tensor, slot: int, count: int):
+    """(f_new, sums) of :meth:`.anderson_update.AndersonVectors.record` (d_f, d_g: m x n x d,
+    slot j contiguous), one pass and a sum of its row blocks' partial sums."""
+    n, d = gy_new.shape
+    f_new = torch.empty((n, d), dtype=gy_new.dtype, device=gy_new.device)
+    if n == 0 or d == 0:
+        return f_new, torch.zeros(1 + 2 * count, d, dtype=torch.float64, device=f_new.device)
+    grid = _grid(n, d)
+    partials = torch.empty(grid[0], 1 + 2 * count, d, dtype=torch.float64, device=f_new.device)
+    _window_record_kernel[grid](gy_new.contiguous(), y_new.contiguous(), f.contiguous(),
+                                gy.contiguous(), f_new, d_f, d_g, partials, slot, count, n, d,
+                                d_f.stride(0), ROWS=ROWS, BLOCK_D=_block_d(d))
+    return f_new, partials.sum(dim=0)
+
+
+def anderson_finish(sums: Tensor, count: int, slot: int, gram: Tensor, proj: Tensor,
+                    state: Tensor, history: Tensor, k: int) -> None:
+    """:meth:`.anderson_update.AndersonVectors.finish` on the device, one launch."""
+    d, m = gram.shape[0], gram.shape[1]
+    _anderson_finish_kernel[(1,)](sums.contiguous(), gram, proj, state, history, k, slot, count,
+                                  d, M=m, BLOCK=min(triton.next_power_of_2(max(d, 1)), 256))
+
+
+def anderson_gamma(gram: Tensor, proj: Tensor, reg: float, dtype: torch.dtype) -> Tensor:
+    """:meth:`.anderson_update.AndersonVectors.gamma` (gram: d x m x m, proj: m x d, both
+    float64), one launch: [m, d] in ``dtype``."""
+    d, m = gram.shape[0], gram.shape[1]
+    gamma = torch.empty((m, d), dtype=dtype, device=gram.device)
+    if d == 0:
+        return gamma
+    block_b = _systems_per_program(m)
+    consts = _consts((reg, torch.finfo(torch.float64).tiny), torch.float64, gram.device)
+    _anderson_gamma_kernel[(triton.cdiv(d, block_b),)](
+        gram.contiguous(), proj.contiguous(), gamma, consts, d, M=m,
+        MP=triton.next_power_of_2(m), BLOCK_B=block_b)
+    return gamma
+
+
 def small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
     """x with a x = b for a batch of small SPD matrices (a: B x m x m, b: B x m), one launch."""
     batch, m = b.shape
@@ -128,7 +246,7 @@ def small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
     if batch == 0 or m == 0:
         return x
     mp = triton.next_power_of_2(m)
-    block_b = max(1, min(32, 1024 // (mp * mp)))
+    block_b = _systems_per_program(m)
     tiny = _consts((torch.finfo(a.dtype).tiny,), a.dtype, a.device)  # exact in float64
     _small_spd_solve_kernel[(triton.cdiv(batch, block_b),)](
         a.contiguous(), b.contiguous(), x, tiny, batch, M=m, MP=mp, BLOCK_B=block_b)

@@ -2,32 +2,44 @@
 written once in PyTorch and once as Triton kernels.
 
 Per channel, with the window's differences dF, dG (slot-major m x n x d, ``filled`` slots in
-use), f = step(y) - y and gy = step(y):
+use), f = step(y) - y and gy = step(y), an iteration is:
 
-- the dot products <dF_j, v> of the filled slots with a vector v (the right-hand side dF^T f
-  and, after the sweep, the new row and column of the Gram matrix dF^T dF), summed in float64;
-- gamma from the regularized normal equations (dF^T dF + lam I) gamma = dF^T f, a batch of
-  small SPD systems solved by Cholesky, a = L L^T:
+- ``gamma``: gamma from the regularized normal equations (dF^T dF + lam I) gamma = dF^T f,
+  lam = reg * mean(diag(dF^T dF)) + tiny (the Gram matrix and the right-hand side kept from
+  the previous iteration's ``finish``; a batch of small SPD systems solved by Cholesky,
+  a = L L^T:
 
       L_jj = sqrt(max(a_jj - sum_{k<j} L_jk^2, tiny)),
       L_ij = (a_ij - sum_{k<j} L_ik L_jk) / L_jj              (i > j),
       L y = b (forward substitution), L^T x = y (back substitution),
 
-  tiny = the dtype's smallest normal number keeping a semi-definite pivot finite (the caller
-  zeroes whatever is not finite);
-- the mixed iterate y_new = gy - sum_j dG_j gamma_j.
+  tiny = the dtype's smallest normal number keeping a semi-definite pivot finite); whatever
+  is not finite is zeroed (the step is then the plain fixed-point step);
+- ``mix``: the mixed iterate y_new = gy - sum_j dG_j gamma_j;
+- (the sweep gy_new = step(y_new));
+- ``record``: f_new = gy_new - y_new, the window's slot ``slot`` set to dF = f_new - f,
+  dG = gy_new - gy, and the sums the iteration needs of them, per channel in float64:
+  ||f_new||^2, the new row and column <dF_j, dF_slot> of the Gram matrix and the next
+  right-hand side <dF_j, f_new>, for the ``count`` filled slots (this process's rows: a
+  partitioned solve sums the table over processes);
+- ``finish``: from the (global) sums, the residual ||f_new||, the history, the solve's state
+  (:data:`ANDERSON_STATE`: done, diverged, sweeps, residual, whether the iterate is accepted),
+  the Gram matrix's new row and column and the next right-hand side, all on the device.
 
 - :class:`AndersonVectors`: PyTorch ops, any device. The dots loop over the slots with one
   scratch buffer (on the CPU faster than any batched form of these per-channel products);
   the small solves are LAPACK's on the CPU (:func:`lapack_small_spd_solve`: 26 against 330 us
   for 64 systems of 5 x 5 on this 2-core CPU) and elementwise ops on a GPU
   (:func:`torch_small_spd_solve`: no host check, about a hundred small ops for m = 5).
-- :class:`TritonAndersonVectors`: on a GPU each of the three is one kernel
-  (:mod:`._triton_anderson`): the dots of all slots in one pass over the window (reading
-  filled + 1 vectors, where the loop reads and writes four per slot), the small solves in
-  registers (for m <= ``TRITON_MAX_M``), the mix in one pass (filled + 2 vectors, where the
-  chain of addcmul reads and writes three per slot). On the CPU its kernels run only in the
-  Triton interpreter (the tests).
+- :class:`TritonAndersonVectors`: on a GPU each step is one kernel
+  (:mod:`._triton_anderson`): gamma (the regularization, the small solves in registers for
+  m <= ``TRITON_MAX_M``, the zeroing and the cast), the mix in one pass (filled + 2 vectors,
+  where the chain of addcmul reads and writes three per slot), the record in one pass
+  (reading gy_new, y_new, f, gy and the other count - 1 slots once, writing f_new and the
+  two slots; its sums in the same pass, where the PyTorch ops read the window twice and
+  each of f_new and the slots again) and the finish in one small kernel, where the PyTorch
+  ops take about thirty. On the CPU its kernels run only in the Triton interpreter (the
+  tests).
 
 :func:`anderson_vectors_for` picks one as :func:`.cg_update.cg_update_for` picks cg's update.
 """
@@ -36,10 +48,21 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .cg_update import resolve_vector_kernels
+from .cg_update import (CG_DIVERGED, CG_DONE, CG_REF_SAFE, CG_RESIDUAL, CG_SWEEPS, CG_TARGET,
+                        resolve_vector_kernels)
+from .device_state import state_of
 
 __all__ = ["AndersonVectors", "TritonAndersonVectors", "anderson_vectors_for",
-           "torch_small_spd_solve", "lapack_small_spd_solve", "TRITON_MAX_M"]
+           "torch_small_spd_solve", "lapack_small_spd_solve", "anderson_state",
+           "anderson_regularization", "TRITON_MAX_M", "AA_DONE", "AA_DIVERGED", "AA_SWEEPS",
+           "AA_RESIDUAL", "AA_TARGET", "AA_REF_SAFE", "AA_ACCEPT", "ANDERSON_STATE"]
+
+# The solve's state on the device, one float64 tensor (flags as 0 / 1): cg's six fields
+# (done, diverged, sweeps, residual, the target tol * ||rhs|| and the safe reference norm of
+# the history), then whether the last iteration's iterate was accepted (live and finite).
+AA_DONE, AA_DIVERGED, AA_SWEEPS, AA_RESIDUAL = CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL
+AA_TARGET, AA_REF_SAFE = CG_TARGET, CG_REF_SAFE
+AA_ACCEPT, ANDERSON_STATE = 6, 7
 
 # The largest window the Triton solve holds in registers (a B x 16 x 16 tile per program).
 TRITON_MAX_M = 16
@@ -75,8 +98,26 @@ def lapack_small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
     return x.masked_fill_((info != 0).unsqueeze(-1), float("nan"))
 
 
+def anderson_regularization(dtype: torch.dtype) -> float:
+    """reg: the Tikhonov term of the window's normal equations relative to their mean
+    diagonal, above the rounding of a Gram matrix accumulated in ``dtype``."""
+    return 1e-12 if dtype == torch.float64 else 1e-6
+
+
+def anderson_state(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor:
+    """The state after the first sweep (f = step(rhs) - rhs, ``residual`` its norm): one
+    sweep, diverged where the residual is not finite, done then or where it meets the
+    target."""
+    diverged = ~torch.isfinite(residual)
+    fields = {AA_DONE: diverged | (residual <= target), AA_DIVERGED: diverged,
+              AA_SWEEPS: torch.ones_like(residual), AA_RESIDUAL: residual, AA_TARGET: target,
+              AA_REF_SAFE: ref_safe, AA_ACCEPT: torch.zeros_like(residual)}
+    return state_of(fields, ANDERSON_STATE)
+
+
 class AndersonVectors:
-    """The iteration's vector work in PyTorch ops, for one solve of ``rhs``'s shape."""
+    """The iteration's vector work in PyTorch ops, for one solve of ``rhs``'s shape and a
+    window of ``window`` slots."""
 
     name = "torch"
 
@@ -84,6 +125,56 @@ class AndersonVectors:
         self.solve = lapack_small_spd_solve if rhs.device.type == "cpu" else \
             torch_small_spd_solve
         self._scratch = None
+        self._eye = torch.eye(window, dtype=torch.float64, device=rhs.device)
+        self._reg = anderson_regularization(rhs.dtype)
+
+    def gamma(self, gram: Tensor, proj: Tensor, dtype: torch.dtype) -> Tensor:
+        """[m, d] in ``dtype``: gamma of every channel from its Gram matrix (``gram``: d x m x
+        m, float64) and right-hand side (``proj``: m x d, float64), regularized, anything not
+        finite zeroed."""
+        tiny = torch.finfo(torch.float64).tiny
+        lam = self._reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
+        gamma = self.solve(gram + lam[:, None, None] * self._eye, proj.t())
+        return torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
+
+    def record(self, gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
+               d_g: Tensor, slot: int, count: int):
+        """(f_new, sums): f_new = gy_new - y_new (a new tensor), d_f[slot] = f_new - f and
+        d_g[slot] = gy_new - gy written, and the [1 + 2 count, d] float64 sums of this
+        process's rows: ||f_new||^2 (a row whose sum is it: here all in its first entry),
+        then <d_f[j], d_f[slot]> and <d_f[j], f_new> for j < count, per channel."""
+        f_new = gy_new - y_new
+        torch.sub(f_new, f, out=d_f[slot])
+        torch.sub(gy_new, gy, out=d_g[slot])
+        # ||f_new||^2 in the first channel's entry (the finish sums the row): one read of f_new,
+        # where per-channel float64 norms take 50x longer on the CPU
+        square = torch.zeros(1, f_new.shape[1], dtype=torch.float64, device=f_new.device)
+        square[:, :1] = torch.linalg.vector_norm(f_new).double().square()
+        return f_new, torch.cat([square, self.dots(d_f, d_f[slot], count),
+                                 self.dots(d_f, f_new, count)])
+
+    @staticmethod
+    def finish(sums: Tensor, count: int, slot: int, gram: Tensor, proj: Tensor, state: Tensor,
+               history: Tensor, k: int) -> None:
+        """The bookkeeping of iteration k from the (global) sums of :meth:`record`, in place on
+        the device: the Gram matrix's row and column ``slot``, the next right-hand side's first
+        ``count`` rows, the relative residual into history[k] and, if the solve was live, the
+        iteration counted, a finite residual kept and its iterate accepted, a non-finite one
+        flagged as divergence; then done once diverged or the residual meets the target."""
+        column = sums[1:1 + count].t()
+        gram[:, :count, slot] = column
+        gram[:, slot, :count] = column
+        proj[:count] = sums[1 + count:]
+        res = sums[0].sum().clamp_min(0.0).sqrt()  # (a NaN stays NaN)
+        history[k] = res / state[AA_REF_SAFE]
+        bad = ~torch.isfinite(res)
+        live = state[AA_DONE] == 0
+        accept = live & ~bad
+        fields = [(state[AA_DONE] != 0) | bad | (res <= state[AA_TARGET]),
+                  (state[AA_DIVERGED] != 0) | (live & bad), state[AA_SWEEPS] + live,
+                  torch.where(accept, res, state[AA_RESIDUAL])]
+        state[:AA_TARGET] = torch.stack([t.double() for t in fields])
+        state[AA_ACCEPT] = accept.double()
 
     def dots(self, slots: Tensor, v: Tensor, filled: int) -> Tensor:
         """[filled, d] float64: <slots[j], v> per channel for j < filled (this process's
@@ -103,19 +194,30 @@ class AndersonVectors:
 
 
 class TritonAndersonVectors(AndersonVectors):
-    """The same as Triton kernels (:mod:`._triton_anderson`)."""
+    """The same as Triton kernels (:mod:`._triton_anderson`; a window of more than
+    ``TRITON_MAX_M`` slots takes the PyTorch gamma)."""
 
     name = "triton"
 
     def __init__(self, rhs: Tensor, window: int):
         super().__init__(rhs, window)
         if window <= TRITON_MAX_M:
-            from ._triton_anderson import small_spd_solve
+            from ._triton_anderson import anderson_gamma, small_spd_solve
             self.solve = small_spd_solve
+            self.gamma = lambda gram, proj, dtype: anderson_gamma(gram, proj, self._reg, dtype)
 
-    def dots(self, slots: Tensor, v: Tensor, filled: int) -> Tensor:
-        from ._triton_anderson import window_dots
-        return window_dots(slots, v, filled)
+    @staticmethod
+    def record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor, d_g: Tensor,
+               slot: int, count: int):
+        from ._triton_anderson import window_record
+        return window_record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
+
+    @staticmethod
+    def finish(sums: Tensor, count: int, slot: int, gram: Tensor, proj: Tensor, state: Tensor,
+               history: Tensor, k: int) -> None:
+        """:meth:`AndersonVectors.finish` in one kernel."""
+        from ._triton_anderson import anderson_finish
+        anderson_finish(sums, count, slot, gram, proj, state, history, k)
 
     @staticmethod
     def mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:

@@ -67,7 +67,8 @@ from ..laplacian import node_mass
 from .device_state import record_iteration, state_of
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
-from .anderson_update import anderson_vectors_for
+from .anderson_update import AA_ACCEPT, AA_DIVERGED, AA_DONE, AA_RESIDUAL, AA_SWEEPS, \
+    anderson_state, anderson_vectors_for
 from .system import EquilibriumSystem
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
@@ -347,12 +348,6 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                    flags[CG_DIVERGED] != 0, sweeps + 1)
 
 
-def _anderson_regularization(dtype: torch.dtype) -> float:
-    # Tikhonov term of the window's normal equations, relative to their mean diagonal: above
-    # the rounding of a Gram matrix accumulated in `dtype`.
-    return 1e-12 if dtype == torch.float64 else 1e-6
-
-
 def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, tol: float,
              window: int = ANDERSON_WINDOW, check_every: int = 1,
              callback: Optional[Callable[[int], None]] = None,
@@ -364,7 +359,9 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     the differences dF, dG of f and step(y) over the window,
     gamma = argmin ||f - dF gamma|| (regularized normal equations, a batched m x m solve on
     the device) and y <- step(y) - dG gamma: the vector work of :mod:`.anderson_update`
-    (Triton kernels on a GPU, ``vector_kernels`` as for cg)."""
+    (Triton kernels on a GPU, ``vector_kernels`` as for cg), whose bookkeeping keeps the
+    solve's state on the device. A non-finite residual ends the solve as diverged with the
+    last accepted iterate."""
     check_every = check_every_arg(check_every)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
@@ -373,74 +370,48 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
     ref, ref_safe, history = _start(rhs, max_iter, reduce=reduce)
     m = min(window, max(max_iter - 1, 1))
     vectors = anderson_vectors_for(rhs, m, vector_kernels)
-    dtype = rhs.dtype
     y = rhs
     gy = step(y)
     f = gy - y
     residual = _norm(f, reduce)
     history[0] = residual / ref_safe
-    sweeps = torch.ones((), dtype=torch.int64, device=rhs.device)
-    diverged = ~torch.isfinite(residual)
-    done = diverged | (residual <= tol * ref)
+    state = anderson_state(residual, tol * ref, ref_safe)
     if callback is not None:
         callback(1)
-    # The window, slot-major (each slot one contiguous n x d block).
+    # The window, slot-major (each slot one contiguous n x d block); per channel its Gram
+    # matrix and the next right-hand side, kept by the vector work's finish.
     d_f = rhs.new_zeros((m,) + rhs.shape)
     d_g = rhs.new_zeros((m,) + rhs.shape)
     gram = torch.zeros(rhs.size(1), m, m, dtype=torch.float64, device=rhs.device)
-    eye = torch.eye(m, dtype=torch.float64, device=rhs.device)
-    reg = _anderson_regularization(dtype)
-    tiny = torch.finfo(torch.float64).tiny
-
-    def dots(v, filled):
-        """<d_f[j], v> per channel for the filled slots: (filled, d), float64."""
-        return _global(vectors.dots(d_f, v, filled), reduce)
-
-    if check_every == 1 and bool(done):  # (a host read: the CPU default only)
+    proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
+    if check_every == 1 and bool(state[AA_DONE]):  # (a host read: the CPU default only)
         max_iter = 1
     for k in range(1, max_iter):
         filled = min(k - 1, m)
-        if filled == 0:
-            y_new = gy
-        else:
-            proj = torch.zeros(m, rhs.size(1), dtype=torch.float64, device=rhs.device)
-            proj[:filled] = dots(f, filled)  # dF^T f
-            lam = reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-            gamma = vectors.solve(gram + lam[:, None, None] * eye, proj.t())
-            gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
-            y_new = vectors.mix(gy, d_g, gamma, filled)  # gy - dG gamma
+        y_new = gy if filled == 0 else \
+            vectors.mix(gy, d_g, vectors.gamma(gram, proj, rhs.dtype), filled)
         gy_new = step(y_new)
-        f_new = gy_new - y_new
-        res = _norm(f_new, reduce)
-        slot = (k - 1) % m
-        torch.sub(f_new, f, out=d_f[slot])
-        torch.sub(gy_new, gy, out=d_g[slot])
-        column = dots(d_f[slot], min(k, m)).t()  # (d, filled): the new Gram row/column
-        gram[:, : column.size(1), slot] = column
-        gram[:, slot, : column.size(1)] = column
-        history[k] = res / ref_safe
-        bad = ~torch.isfinite(res)
-        live = ~done
-        sweeps += live
-        diverged |= live & bad
-        accept = live & ~bad
-        residual = torch.where(accept, res, residual)
-        done = done | bad | (res <= tol * ref)
+        slot, count = (k - 1) % m, min(k, m)
+        f_new, sums = vectors.record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
+        vectors.finish(_global(sums, reduce), count, slot, gram, proj, state, history, k)
         if callback is not None:
             callback(k + 1)
+        # An iteration that is not accepted ends the solve (done or diverged): what the later
+        # ones compute is never returned, so gy and f need no selection.
         if check_every == 1:
-            is_bad, is_done = torch.stack([bad, done]).tolist()
-            if not is_bad:
-                y, gy, f = y_new, gy_new, f_new
-            if is_done:
+            accepted, done = state[[AA_ACCEPT, AA_DONE]].tolist()
+            y = y_new if accepted else y
+            gy, f = gy_new, f_new
+            if done:
                 break
         else:
-            y = torch.where(accept, y_new, y)
-            gy = torch.where(accept, gy_new, gy)
-            f = torch.where(accept, f_new, f)
-            if check_every and (k + 1) % check_every == 0 and bool(done):
+            y = torch.where(state[AA_ACCEPT] != 0, y_new, y)
+            gy, f = gy_new, f_new
+            if check_every and (k + 1) % check_every == 0 and bool(state[AA_DONE]):
                 break
-    return _finish(y, rhs, history, sweeps, residual, ref_safe, diverged, sweeps)
+    sweeps = state[AA_SWEEPS].long()
+    return _finish(y, rhs, history, sweeps, state[AA_RESIDUAL], ref_safe,
+                   state[AA_DIVERGED] != 0, sweeps)
 
 
 # --------------------------------------------------------------- forward / adjoint --
