@@ -7,8 +7,9 @@ oracle).
   the window's filled slots; the record writes one row block of float64 partial sums per
   program, which a ``torch.sum`` over the blocks adds in a fixed order (deterministic, no
   atomics).
-- ``_anderson_gamma_kernel`` and ``_small_spd_solve_kernel`` (the plain batched solve, tested
-  against the PyTorch one): each program holds ``BLOCK_B`` systems as a BLOCK_B x MP x MP
+- ``_anderson_gamma_kernel`` and ``_small_spd_solve_kernel`` (the plain batched solve of the
+  same tile, :func:`small_spd_solve`, which the tests compare with the PyTorch and dense
+  solves on its own): each program holds ``BLOCK_B`` systems as a BLOCK_B x MP x MP
   tile (MP: m rounded up to a power of two) and runs the factorization and both
   substitutions in registers, unrolled over m (``_spd_solve_tile``). An entry is read out of
   a tile as a masked sum, and every sum runs over exactly the terms of the PyTorch solve's

@@ -18,10 +18,10 @@ use), f = step(y) - y and gy = step(y), an iteration is:
 - ``mix``: the mixed iterate y_new = gy - sum_j dG_j gamma_j;
 - (the sweep gy_new = step(y_new));
 - ``record``: f_new = gy_new - y_new, the window's slot ``slot`` set to dF = f_new - f,
-  dG = gy_new - gy, and the sums the iteration needs of them, per channel in float64:
-  ||f_new||^2, the new row and column <dF_j, dF_slot> of the Gram matrix and the next
-  right-hand side <dF_j, f_new>, for the ``count`` filled slots (this process's rows: a
-  partitioned solve sums the table over processes);
+  dG = gy_new - gy, and the sums the iteration needs of them in float64: ||f_new||^2 (a row
+  that sums to it), then per channel the new row and column <dF_j, dF_slot> of the Gram
+  matrix and the next right-hand side <dF_j, f_new>, for the ``count`` filled slots (this
+  process's rows: a partitioned solve sums the table over processes);
 - ``finish``: from the (global) sums, the residual ||f_new||, the history, the solve's state
   (:data:`ANDERSON_STATE`: done, diverged, sweeps, residual, whether the iterate is accepted),
   the Gram matrix's new row and column and the next right-hand side, all on the device.
@@ -202,8 +202,7 @@ class TritonAndersonVectors(AndersonVectors):
     def __init__(self, rhs: Tensor, window: int):
         super().__init__(rhs, window)
         if window <= TRITON_MAX_M:
-            from ._triton_anderson import anderson_gamma, small_spd_solve
-            self.solve = small_spd_solve
+            from ._triton_anderson import anderson_gamma
             self.gamma = lambda gram, proj, dtype: anderson_gamma(gram, proj, self._reg, dtype)
 
     @staticmethod
