@@ -254,6 +254,32 @@ def test_anderson_stops_at_a_non_finite_sweep(kernels):
         assert torch.equal(other.stats(), first.stats())
 
 
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_one_reduction_per_iteration(kernels):
+    """A partitioned solve sums its per-process partial sums once per iteration (the record's
+    table: the norm, the Gram row and the next right-hand side together), besides the two of
+    its start (||rhs|| and the first residual); with an identity for that sum the solve is
+    the one-process solve (to the rounding of the start's norms, taken another way)."""
+    g = torch.Generator().manual_seed(4)
+    n, d = 40, 3
+    j = torch.randn(n, n, generator=g, dtype=torch.float64)
+    j = (0.9 * j / torch.linalg.matrix_norm(j, ord=2)).to(DEVICE)
+    c = torch.randn(n, d, generator=g, dtype=torch.float64).to(DEVICE)
+    calls = []
+
+    def reduce(partial):
+        calls.append(partial.shape)
+        return partial
+
+    solve = dict(max_iter=10, tol=0.0, check_every=0, vector_kernels=kernels)
+    alone = solvers.anderson(lambda y: c + j @ y, c, **solve)
+    summed = solvers.anderson(lambda y: c + j @ y, c, reduce=reduce, **solve)
+    assert len(calls) == 2 + 9
+    assert [tuple(shape) for shape in calls[2:4]] == [(3, d), (5, d)]  # 1 + 2 count rows
+    torch.testing.assert_close(summed.solution, alone.solution, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(summed.stats(), alone.stats(), rtol=1e-12, atol=1e-14)
+
+
 def test_which_vectors():
     x = torch.zeros(3, 2, device=DEVICE)
     plain = torch_small_spd_solve if x.is_cuda else lapack_small_spd_solve
