@@ -438,17 +438,19 @@ def test_captured_step(benchmark, graph_name, backend):
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
+    x.grad = None  # the gradients are then made in the graph's memory, which replays reuse
+    layer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
     assert layer.backend_used == backend
 
     def timed(variant):
+        # (the gradients are never reset: a replay writes to the addresses it captured, and
+        # the eager step adds into the same tensors)
         if variant == "captured":
             graph.replay()
         else:
-            x.grad = None
-            layer.zero_grad(set_to_none=True)
             step()
 
     CAPTURED[(graph_name, backend)] = _interleaved(benchmark, timed, ("captured", "eager"),
