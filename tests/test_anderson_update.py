@@ -95,16 +95,22 @@ def test_empty_batch():
     assert lapack_small_spd_solve(a.cpu(), b.cpu()).shape == (0, 5)
 
 
+def _contraction(n, d, seed, rate):
+    """(J, c) in float64 on the CPU: a random n x n J of spectral norm ``rate`` and an n x d
+    c, the map y -> c + J y contracting."""
+    g = torch.Generator().manual_seed(seed)
+    j = torch.randn(n, n, generator=g, dtype=torch.float64)
+    return rate * j / torch.linalg.matrix_norm(j, ord=2), \
+        torch.randn(n, d, generator=g, dtype=torch.float64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_anderson_with_each_solve(dtype):
     """Anderson on a linear contraction y -> c + J y with the Triton kernels and the PyTorch
     ops (LAPACK's small solves on the CPU): the same sweeps, the same history to rounding,
     and the dense solution of y = c + J y."""
-    g = torch.Generator().manual_seed(1)
-    n, d = 60, 5
-    j = torch.randn(n, n, generator=g, dtype=torch.float64)
-    j = 0.95 * j / torch.linalg.matrix_norm(j, ord=2)
-    c = torch.randn(n, d, generator=g, dtype=torch.float64)
+    n = 60
+    j, c = _contraction(n, 5, seed=1, rate=0.95)
     exact = torch.linalg.solve(torch.eye(n, dtype=torch.float64) - j, c)
     jd, cd = j.to(dtype).to(DEVICE), c.to(dtype).to(DEVICE)
     tol = 1e-11 if dtype == torch.float64 else 1e-5
@@ -228,11 +234,7 @@ def test_anderson_stops_at_a_non_finite_sweep(kernels):
     counted, the iterate of iteration 3 (the last accepted, finite) and its residual, whether
     the flag is read every sweep, every 4 or never (then the later, finite sweeps change
     nothing)."""
-    g = torch.Generator().manual_seed(2)
-    n, d = 30, 4
-    j = torch.randn(n, n, generator=g, dtype=torch.float64)
-    j = (0.9 * j / torch.linalg.matrix_norm(j, ord=2)).to(DEVICE)
-    c = torch.randn(n, d, generator=g, dtype=torch.float64).to(DEVICE)
+    j, c = (t.to(DEVICE) for t in _contraction(30, 4, seed=2, rate=0.9))
     results = []
     for check_every in (1, 4, 0):
         calls = []
@@ -260,11 +262,8 @@ def test_one_reduction_per_iteration(kernels):
     table: the norm, the Gram row and the next right-hand side together), besides the two of
     its start (||rhs|| and the first residual); with an identity for that sum the solve is
     the one-process solve (to the rounding of the start's norms, taken another way)."""
-    g = torch.Generator().manual_seed(4)
-    n, d = 40, 3
-    j = torch.randn(n, n, generator=g, dtype=torch.float64)
-    j = (0.9 * j / torch.linalg.matrix_norm(j, ord=2)).to(DEVICE)
-    c = torch.randn(n, d, generator=g, dtype=torch.float64).to(DEVICE)
+    d = 3
+    j, c = (t.to(DEVICE) for t in _contraction(40, d, seed=4, rate=0.9))
     calls = []
 
     def reduce(partial):

@@ -160,11 +160,11 @@ def _anderson_finish_kernel(sums, gram, proj, state, history, k, slot, count, D,
     total = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
     for start in range(0, D, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        total += tl.sum(tl.load(sums + cols, mask=cols < D, other=0.0), axis=0)
+        cmask = cols < D
+        matrix = gram + cols.to(tl.int64) * (M * M)  # each channel's Gram matrix
+        total += tl.sum(tl.load(sums + cols, mask=cmask, other=0.0), axis=0)
         for j in range(0, count):
-            cmask = cols < D
             column = tl.load(sums + (1 + j) * D + cols, mask=cmask, other=0.0)
-            matrix = gram + cols.to(tl.int64) * (M * M)
             tl.store(matrix + j * M + slot, column, mask=cmask)
             tl.store(matrix + slot * M + j, column, mask=cmask)
             tl.store(proj + j * D + cols, tl.load(sums + (1 + count + j) * D + cols, mask=cmask,
