@@ -9,6 +9,20 @@
 // partial sums. The order of every sum is fixed by the code: results do not change from run
 // to run or with the thread count.
 
+// The sum of the N lanes of v: the upper half added to the lower until one lane is left.
+template <typename T, int N>
+inline T halving_sum(T __attribute__((vector_size(N * sizeof(T)))) v) {
+  if constexpr (N == 2) {
+    return v[0] + v[1];
+  } else {
+    typedef T half __attribute__((vector_size(N / 2 * sizeof(T))));
+    half lo, hi;
+    __builtin_memcpy(&lo, &v, sizeof(half));
+    __builtin_memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(half), sizeof(half));
+    return halving_sum<T, N / 2>(lo + hi);
+  }
+}
+
 template <typename T>
 struct Simd {
   typedef T vec __attribute__((vector_size(DIGNN_VEC_BYTES)));
@@ -22,11 +36,9 @@ struct Simd {
   }
   static inline void store(T* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
   static inline vec splat(T s) { return vec{} + s; }
-  static inline T sum(vec v) {
-    T s = 0;
-    for (int l = 0; l < kLanes; ++l) s += v[l];
-    return s;
-  }
+  // The lanes' sum by halving: the upper half added to the lower until one lane is left
+  // (log2(lanes) dependent adds, not a chain of one add per lane; a fixed order).
+  static inline T sum(vec v) { return halving_sum<T, kLanes>(v); }
 };
 
 // Neighbour rows are gathered at random; asking for the row of an edge a few edges ahead
