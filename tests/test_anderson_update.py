@@ -126,17 +126,20 @@ def test_anderson_with_each_solve(dtype):
         assert rel < (1e-9 if dtype == torch.float64 else 1e-4)
 
 
-@pytest.mark.parametrize("n,d,count,slot", [(1, 1, 1, 0), (63, 5, 3, 2), (130, 64, 5, 1),
-                                              (70, 80, 2, 0), (40, 3, 4, 3)])
+@pytest.mark.parametrize("n,d,m,count,slot", [(1, 1, 5, 1, 0), (63, 5, 5, 3, 2),
+                                                (130, 64, 5, 5, 1), (70, 80, 5, 2, 0),
+                                                (40, 3, 5, 4, 3), (200, 64, 16, 16, 11),
+                                                (90, 64, 16, 7, 6), (33, 17, 1, 1, 0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_window_kernels_equal_torch(n, d, count, slot, dtype):
+def test_window_kernels_equal_torch(n, d, m, count, slot, dtype):
     """The record (f_new, the window's slot, the sums ||f_new||^2 (per channel in the kernel),
-    <dF_j, dF_slot>, <dF_j, f_new> in float64) and the mix gy - sum_j d_g[j] gamma[j] as Triton kernels
-    against the PyTorch ops and a float64 sum, over the filled slots only (the others hold
-    garbage; the record's own slot is read from its registers, not from memory)."""
+    <dF_j, dF_slot>, <dF_j, f_new> in float64) and the mix gy - sum_j d_g[j] gamma[j] as
+    Triton kernels against the PyTorch ops and a float64 sum, over the filled slots only (the
+    others hold garbage; the record's own slot is read from its registers, not from memory).
+    Windows of m = 1, 5 and 16 slots (the record's sums of all slots held in one tile of m
+    rounded up to a power of two), several row blocks and chunks, a last partial chunk."""
     g = torch.Generator().manual_seed(n + d)
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE)  # noqa: E731
-    m = 5
     gy_new, y_new, f, gy, gamma = rnd(n, d), rnd(n, d), rnd(n, d), rnd(n, d), rnd(m, d)
     window = [rnd(m, n, d), rnd(m, n, d)]
     for slots in window:

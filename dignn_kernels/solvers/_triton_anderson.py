@@ -3,10 +3,11 @@ the formulas; :class:`~.anderson_update.AndersonVectors` is the same in PyTorch,
 oracle).
 
 - ``_window_record_kernel`` and ``_window_mix_kernel`` tile the n x d vectors in blocks of
-  ``ROWS`` rows by ``BLOCK_D`` channels, as cg's kernels do (:mod:`._triton_cg`), and loop over
-  the window's filled slots; the record writes one row block of float64 partial sums per
-  program, which a ``torch.sum`` over the blocks adds in a fixed order (deterministic, no
-  atomics).
+  ``ROWS`` rows by ``BLOCK_D`` channels, walked in chunks of ``CHUNK`` rows, as cg's kernels
+  do (:mod:`._triton_cg`), and loop over the window's filled slots; the record keeps its
+  column sums of every slot in registers (an MP x BLOCK_D tile, MP the window rounded up to a
+  power of two) and writes one row block of float64 partial sums per program, which a
+  ``torch.sum`` over the blocks adds in a fixed order (deterministic, no atomics).
 - ``_anderson_gamma_kernel`` and ``_small_spd_solve_kernel`` (the plain batched solve of the
   same tile, :func:`small_spd_solve`, which the tests compare with the PyTorch and dense
   solves on its own): each program holds ``BLOCK_B`` systems as a BLOCK_B x MP x MP
@@ -24,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..backends.triton import _consts
-from ._triton_cg import ROWS, _block_d, _tile
+from ._triton_cg import CHUNK, ROWS, _block_d, _chunk, _columns
 
 __all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
            "small_spd_solve"]
@@ -32,15 +33,17 @@ __all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
 
 @triton.jit
 def _window_mix_kernel(gy, d_g, gamma, out, filled, n, D, slot_stride, ROWS: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
-    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
-    acc = tl.load(gy + offsets, mask=mask, other=0.0)
-    slot = d_g + offsets
-    for j in range(0, filled):  # in slot order, as the PyTorch chain of addcmul
-        g = tl.load(gamma + j * D + cols, mask=cmask, other=0.0)
-        acc = acc - tl.load(slot, mask=mask, other=0.0) * g[None, :]
-        slot += slot_stride
-    tl.store(out + offsets, acc, mask=mask)
+                       CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_r, cols, cmask = _columns(D, BLOCK_D)
+    for start in range(0, ROWS, CHUNK):
+        rows, rmask, mask, offsets = _chunk(pid_r * ROWS + start, n, D, cols, cmask, CHUNK)
+        acc = tl.load(gy + offsets, mask=mask, other=0.0)
+        slot = d_g + offsets
+        for j in range(0, filled):  # in slot order, as the PyTorch chain of addcmul
+            g = tl.load(gamma + j * D + cols, mask=cmask, other=0.0)
+            acc = acc - tl.load(slot, mask=mask, other=0.0) * g[None, :]
+            slot += slot_stride
+        tl.store(out + offsets, acc, mask=mask)
 
 
 @triton.jit
@@ -129,26 +132,39 @@ def _anderson_gamma_kernel(gram, proj, gamma, consts, D, M: tl.constexpr, MP: tl
 
 @triton.jit
 def _window_record_kernel(gy_new, y_new, f, gy, f_new, d_f, d_g, partials, slot, count, n, D,
-                          slot_stride, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """anderson_update.AndersonVectors.record for one tile, its sums as one row block of
+                          slot_stride, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK_D: tl.constexpr, MP: tl.constexpr):
+    """anderson_update.AndersonVectors.record for one block, its sums as one row block of
     float64 partial sums [1 + 2 count, D]."""
-    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
-    g_new = tl.load(gy_new + offsets, mask=mask, other=0.0)
-    fn = g_new - tl.load(y_new + offsets, mask=mask, other=0.0)
-    tl.store(f_new + offsets, fn, mask=mask)
-    df = fn - tl.load(f + offsets, mask=mask, other=0.0)
-    own = slot.to(tl.int64) * slot_stride + offsets
-    tl.store(d_f + own, df, mask=mask)
-    tl.store(d_g + own, g_new - tl.load(gy + offsets, mask=mask, other=0.0), mask=mask)
-    row = partials + pid_r.to(tl.int64) * (1 + 2 * count) * D + cols
-    tl.store(row, tl.sum((fn * fn).to(tl.float64), axis=0), mask=cmask)
-    other = d_f + offsets  # slot j's tile: advanced by a whole slot per iteration
-    for j in range(0, count):  # slot `slot` from registers (this program just wrote it)
-        x = tl.where(j == slot, df, tl.load(other, mask=mask & (j != slot), other=0.0))
-        tl.store(row + (1 + j) * D, tl.sum((x * df).to(tl.float64), axis=0), mask=cmask)
-        tl.store(row + (1 + count + j) * D, tl.sum((x * fn).to(tl.float64), axis=0),
-                 mask=cmask)
-        other += slot_stride
+    pid_r, cols, cmask = _columns(D, BLOCK_D)
+    slots = tl.arange(0, MP)
+    norm = tl.zeros([BLOCK_D], dtype=tl.float64)
+    gram_row = tl.zeros([MP, BLOCK_D], dtype=tl.float64)  # <d_f[j], d_f[slot]>
+    rhs = tl.zeros([MP, BLOCK_D], dtype=tl.float64)  # <d_f[j], f_new>
+    own_slot = slot.to(tl.int64) * slot_stride
+    for start in range(0, ROWS, CHUNK):
+        rows, rmask, mask, offsets = _chunk(pid_r * ROWS + start, n, D, cols, cmask, CHUNK)
+        g_new = tl.load(gy_new + offsets, mask=mask, other=0.0)
+        fn = g_new - tl.load(y_new + offsets, mask=mask, other=0.0)
+        tl.store(f_new + offsets, fn, mask=mask)
+        df = fn - tl.load(f + offsets, mask=mask, other=0.0)
+        tl.store(d_f + own_slot + offsets, df, mask=mask)
+        tl.store(d_g + own_slot + offsets, g_new - tl.load(gy + offsets, mask=mask, other=0.0),
+                 mask=mask)
+        norm += tl.sum((fn * fn).to(tl.float64), axis=0)
+        other = d_f + offsets  # slot j's chunk: advanced by a whole slot per iteration
+        for j in range(0, count):  # slot `slot` from registers (this program just wrote it)
+            x = tl.where(j == slot, df, tl.load(other, mask=mask & (j != slot), other=0.0))
+            row_j = slots[:, None] == j
+            gram_row = tl.where(row_j, gram_row + tl.sum((x * df).to(tl.float64), axis=0)[None, :],
+                                gram_row)
+            rhs = tl.where(row_j, rhs + tl.sum((x * fn).to(tl.float64), axis=0)[None, :], rhs)
+            other += slot_stride
+    row = partials + pid_r.to(tl.int64) * (1 + 2 * count) * D
+    tl.store(row + cols, norm, mask=cmask)
+    filled = (slots < count)[:, None] & cmask[None, :]
+    tl.store(row + (1 + slots)[:, None] * D + cols[None, :], gram_row, mask=filled)
+    tl.store(row + (1 + count + slots)[:, None] * D + cols[None, :], rhs, mask=filled)
 
 
 @triton.jit(do_not_specialize=["k", "slot", "count"])
@@ -193,12 +209,15 @@ def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
     if n == 0 or d == 0:
         return out
     _window_mix_kernel[_grid(n, d)](gy.contiguous(), d_g, gamma.contiguous(), out, filled, n, d,
-                                    d_g.stride(0), ROWS=ROWS, BLOCK_D=_block_d(d))
+                                    d_g.stride(0), ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d))
     return out
 
 
 def _systems_per_program(m: int) -> int:
-    return max(1, min(32, 1024 // (triton.next_power_of_2(m) ** 2)))
+    """BLOCK_B: 256 matrix entries per program. The factorization is unrolled over m, its
+    tile in registers: 1,024 entries (4 systems of 16 x 16) spilled for sm_90, 256 take
+    about 90 registers for m = 5 and 16."""
+    return max(1, min(32, 256 // (triton.next_power_of_2(m) ** 2)))
 
 
 def window_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
@@ -213,7 +232,8 @@ def window_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Ten
     partials = torch.empty(grid[0], 1 + 2 * count, d, dtype=torch.float64, device=f_new.device)
     _window_record_kernel[grid](gy_new.contiguous(), y_new.contiguous(), f.contiguous(),
                                 gy.contiguous(), f_new, d_f, d_g, partials, slot, count, n, d,
-                                d_f.stride(0), ROWS=ROWS, BLOCK_D=_block_d(d))
+                                d_f.stride(0), ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d),
+                                MP=triton.next_power_of_2(d_f.shape[0]))
     return f_new, partials.sum(dim=0)
 
 

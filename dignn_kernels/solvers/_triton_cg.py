@@ -4,7 +4,10 @@ their test oracle).
 
 Both kernels tile the n x d vectors in blocks of ``ROWS`` rows by ``BLOCK_D`` channels and
 write one row of partial sums per row block, which a ``torch.sum`` over the blocks then adds
-in a fixed order: deterministic, no atomics.
+in a fixed order: deterministic, no atomics. A program walks its block in chunks of ``CHUNK``
+rows, its column sums in registers: a whole 64 x 64 block of the cg step's ten vectors at
+once needs more registers than a thread has (ptxas spilled 4-7 KB per thread for sm_90),
+a chunk of 16 rows fits.
 """
 import triton
 import triton.language as tl
@@ -12,9 +15,10 @@ from torch import Tensor
 
 from ..backends._triton_jit import _load_done, record_iteration
 
-__all__ = ["column_dots", "cg_step", "cg_finish", "ROWS"]
+__all__ = ["column_dots", "cg_step", "cg_finish", "ROWS", "CHUNK"]
 
-ROWS = 64
+ROWS = 64  # rows of a program's block: one row of partial sums each
+CHUNK = 16  # rows a program holds in registers at once
 
 
 def _block_d(d: int) -> int:
@@ -22,31 +26,40 @@ def _block_d(d: int) -> int:
 
 
 @triton.jit
-def _tile(n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's tile of an n x D row-major tensor: (its row block, rows, row mask,
-    channels, channel mask, mask, offsets)."""
-    pid_r = tl.program_id(0)
-    rows = pid_r * ROWS + tl.arange(0, ROWS)
+def _columns(D, BLOCK_D: tl.constexpr):
+    """This program's row block and channels of an n x D row-major tensor: (row block,
+    channels, channel mask)."""
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    rmask = rows < n
-    cmask = cols < D
-    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    return pid_r, rows, rmask, cols, cmask, rmask[:, None] & cmask[None, :], offsets
+    return tl.program_id(0), cols, cols < D
 
 
 @triton.jit
-def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
-    x = tl.load(a + offsets, mask=mask, other=0.0)
-    y = tl.load(b + offsets, mask=mask, other=0.0)
-    tl.store(partials + pid_r.to(tl.int64) * D + cols, tl.sum(x * y, axis=0), mask=cmask)
+def _chunk(row0, n, D, cols, cmask, CHUNK: tl.constexpr):
+    """Rows row0 .. row0 + CHUNK - 1 of the tensor on the channels ``cols``: (rows, row
+    mask, mask, offsets)."""
+    rows = row0 + tl.arange(0, CHUNK)
+    rmask = rows < n
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    return rows, rmask, rmask[:, None] & cmask[None, :], offsets
+
+
+@triton.jit
+def _column_dots_kernel(a, b, partials, n, D, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    pid_r, cols, cmask = _columns(D, BLOCK_D)
+    total = tl.zeros([BLOCK_D], dtype=partials.dtype.element_ty)
+    for start in range(0, ROWS, CHUNK):
+        rows, rmask, mask, offsets = _chunk(pid_r * ROWS + start, n, D, cols, cmask, CHUNK)
+        x = tl.load(a + offsets, mask=mask, other=0.0)
+        total += tl.sum(x * tl.load(b + offsets, mask=mask, other=0.0), axis=0)
+    tl.store(partials + pid_r.to(tl.int64) * D + cols, total, mask=cmask)
 
 
 @triton.jit
 def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, alpha_prev,
                     delta, done, alpha_out, partials, n, D, ROWS: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    pid_r, rows, rmask, cols, cmask, mask, offsets = _tile(n, D, ROWS, BLOCK_D)
+                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_r, cols, cmask = _columns(D, BLOCK_D)
     # the step lengths of this block's channels (every program makes the same ones)
     g = tl.load(gamma + cols, mask=cmask, other=0.0)
     g_prev = tl.load(gamma_prev + cols, mask=cmask, other=0.0)
@@ -60,27 +73,34 @@ def _cg_step_kernel(z, r, u, p, s, w, inv_diagonal, weights, gamma, gamma_prev, 
     alpha = tl.where(running & positive, g / tl.where(positive, denominator, 1.0), 0.0)
     tl.store(alpha_out + cols, alpha, mask=cmask & (pid_r == 0))
 
-    inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
-    # u = M^-1 r (what the last update stored, to its rounding): r is read anyway, so u is
-    # written for the sweep but not read back here (10 vectors moved per iteration, not 11)
-    r_old = tl.load(r + offsets, mask=mask, other=0.0)
-    p_new = r_old * inv[:, None] + beta[None, :] * tl.load(p + offsets, mask=mask, other=0.0)
-    s_new = tl.load(w + offsets, mask=mask, other=0.0) + \
-        beta[None, :] * tl.load(s + offsets, mask=mask, other=0.0)
-    z_new = tl.load(z + offsets, mask=mask, other=0.0) + alpha[None, :] * p_new
-    r_new = r_old - alpha[None, :] * s_new
-    tl.store(p + offsets, p_new, mask=mask)
-    tl.store(s + offsets, s_new, mask=mask)
-    tl.store(z + offsets, z_new, mask=mask)
-    tl.store(r + offsets, r_new, mask=mask)
-    tl.store(u + offsets, r_new * inv[:, None], mask=mask)
     # the next r.u and ||scale r||^2: sum_i weights[k, i] r_i^2
-    r_sq = r_new * r_new
-    w_u = tl.load(weights + rows, mask=rmask, other=0.0)
-    w_res = tl.load(weights + n + rows, mask=rmask, other=0.0)
+    sum_u = tl.zeros([BLOCK_D], dtype=partials.dtype.element_ty)
+    sum_res = tl.zeros([BLOCK_D], dtype=partials.dtype.element_ty)
+    for start in range(0, ROWS, CHUNK):
+        rows, rmask, mask, offsets = _chunk(pid_r * ROWS + start, n, D, cols, cmask, CHUNK)
+        inv = tl.load(inv_diagonal + rows, mask=rmask, other=0.0)
+        # u = M^-1 r (what the last update stored, to its rounding): r is read anyway, so u
+        # is written for the sweep but not read back here (10 vectors moved per iteration,
+        # not 11)
+        r_old = tl.load(r + offsets, mask=mask, other=0.0)
+        p_new = r_old * inv[:, None] + beta[None, :] * tl.load(p + offsets, mask=mask, other=0.0)
+        s_new = tl.load(w + offsets, mask=mask, other=0.0) + \
+            beta[None, :] * tl.load(s + offsets, mask=mask, other=0.0)
+        z_new = tl.load(z + offsets, mask=mask, other=0.0) + alpha[None, :] * p_new
+        r_new = r_old - alpha[None, :] * s_new
+        tl.store(p + offsets, p_new, mask=mask)
+        tl.store(s + offsets, s_new, mask=mask)
+        tl.store(z + offsets, z_new, mask=mask)
+        tl.store(r + offsets, r_new, mask=mask)
+        tl.store(u + offsets, r_new * inv[:, None], mask=mask)
+        r_sq = r_new * r_new
+        w_u = tl.load(weights + rows, mask=rmask, other=0.0)
+        w_res = tl.load(weights + n + rows, mask=rmask, other=0.0)
+        sum_u += tl.sum(r_sq * w_u[:, None], axis=0)
+        sum_res += tl.sum(r_sq * w_res[:, None], axis=0)
     base = pid_r.to(tl.int64) * 2 * D
-    tl.store(partials + base + cols, tl.sum(r_sq * w_u[:, None], axis=0), mask=cmask)
-    tl.store(partials + base + D + cols, tl.sum(r_sq * w_res[:, None], axis=0), mask=cmask)
+    tl.store(partials + base + cols, sum_u, mask=cmask)
+    tl.store(partials + base + D + cols, sum_res, mask=cmask)
 
 
 @triton.jit(do_not_specialize=["k"])
@@ -119,7 +139,8 @@ def column_dots(a: Tensor, b: Tensor) -> Tensor:
         return a.new_zeros(d)
     grid = _grid(n, d)
     partials = a.new_empty(grid[0], d)
-    _column_dots_kernel[grid](a, b, partials, n, d, ROWS=ROWS, BLOCK_D=_block_d(d))
+    _column_dots_kernel[grid](a, b, partials, n, d, ROWS=ROWS, CHUNK=CHUNK,
+                              BLOCK_D=_block_d(d))
     return partials.sum(dim=0)
 
 
@@ -138,5 +159,5 @@ def cg_step(state, w: Tensor, delta: Tensor, done: Tensor):
     _cg_step_kernel[grid](state.z, state.r, state.u, state.p, state.s, w.contiguous(),
                           state.inv_diagonal, state.weights, state.gamma, state.gamma_prev,
                           state.alpha_prev, delta.contiguous(), done.reshape(-1), alpha,
-                          partials, n, d, ROWS=ROWS, BLOCK_D=_block_d(d))
+                          partials, n, d, ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d))
     return alpha, partials.sum(dim=0)
