@@ -3,10 +3,10 @@ the formulas; :class:`~.anderson_update.AndersonVectors` is the same in PyTorch,
 oracle).
 
 - ``_window_record_kernel`` and ``_window_mix_kernel`` tile the n x d vectors in blocks of
-  ``ROWS`` rows by ``BLOCK_D`` channels, walked in chunks of ``CHUNK`` rows, as cg's kernels
-  do (:mod:`._triton_cg`), and loop over the window's filled slots; the record keeps its
-  column sums of every slot in registers (an MP x BLOCK_D tile, MP the window rounded up to a
-  power of two) and writes one row block of float64 partial sums per program, which a
+  ``ROWS`` rows by ``BLOCK_D`` channels, walked in chunks of rows, as cg's kernels do
+  (:mod:`._triton_cg`), and loop over the window's filled slots; the record keeps its column
+  sums of every slot in registers (an MP x BLOCK_D tile, MP the window rounded up to a power
+  of two) and writes one row block of float64 partial sums per program, which a
   ``torch.sum`` over the blocks adds in a fixed order (deterministic, no atomics).
 - ``_anderson_gamma_kernel`` and ``_small_spd_solve_kernel`` (the plain batched solve of the
   same tile, :func:`small_spd_solve`, which the tests compare with the PyTorch and dense
@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..backends.triton import _consts
-from ._triton_cg import CHUNK, ROWS, _block_d, _chunk, _columns
+from ._triton_cg import ROWS, _block_d, _chunk, _columns, chunk_rows
 
 __all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
            "small_spd_solve"]
@@ -209,7 +209,8 @@ def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
     if n == 0 or d == 0:
         return out
     _window_mix_kernel[_grid(n, d)](gy.contiguous(), d_g, gamma.contiguous(), out, filled, n, d,
-                                    d_g.stride(0), ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d))
+                                    d_g.stride(0), ROWS=ROWS, CHUNK=chunk_rows(gy),
+                                    BLOCK_D=_block_d(d))
     return out
 
 
@@ -232,7 +233,8 @@ def window_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Ten
     partials = torch.empty(grid[0], 1 + 2 * count, d, dtype=torch.float64, device=f_new.device)
     _window_record_kernel[grid](gy_new.contiguous(), y_new.contiguous(), f.contiguous(),
                                 gy.contiguous(), f_new, d_f, d_g, partials, slot, count, n, d,
-                                d_f.stride(0), ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d),
+                                d_f.stride(0), ROWS=ROWS, CHUNK=chunk_rows(gy_new),
+                                BLOCK_D=_block_d(d),
                                 MP=triton.next_power_of_2(d_f.shape[0]))
     return f_new, partials.sum(dim=0)
 

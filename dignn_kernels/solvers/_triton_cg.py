@@ -4,10 +4,10 @@ their test oracle).
 
 Both kernels tile the n x d vectors in blocks of ``ROWS`` rows by ``BLOCK_D`` channels and
 write one row of partial sums per row block, which a ``torch.sum`` over the blocks then adds
-in a fixed order: deterministic, no atomics. A program walks its block in chunks of ``CHUNK``
-rows, its column sums in registers: a whole 64 x 64 block of the cg step's ten vectors at
-once needs more registers than a thread has (ptxas spilled 4-7 KB per thread for sm_90),
-a chunk of 16 rows fits.
+in a fixed order: deterministic, no atomics. A program walks its block in chunks of
+:func:`chunk_rows` rows (64 bytes of a channel: 16 float32 rows, 8 float64), its column sums
+in registers: a whole 64 x 64 block of the cg step's ten vectors at once needs more registers
+than a thread has (ptxas, sm_90: all 255 in float32, and 1 KB per thread spilled in float64).
 """
 import triton
 import triton.language as tl
@@ -15,10 +15,14 @@ from torch import Tensor
 
 from ..backends._triton_jit import _load_done, record_iteration
 
-__all__ = ["column_dots", "cg_step", "cg_finish", "ROWS", "CHUNK"]
+__all__ = ["column_dots", "cg_step", "cg_finish", "ROWS", "chunk_rows"]
 
 ROWS = 64  # rows of a program's block: one row of partial sums each
-CHUNK = 16  # rows a program holds in registers at once
+
+
+def chunk_rows(t: Tensor) -> int:
+    """The rows of ``t`` a program holds in registers at once: 64 bytes of a channel."""
+    return max(1, min(ROWS, 64 // t.element_size()))
 
 
 def _block_d(d: int) -> int:
@@ -139,7 +143,7 @@ def column_dots(a: Tensor, b: Tensor) -> Tensor:
         return a.new_zeros(d)
     grid = _grid(n, d)
     partials = a.new_empty(grid[0], d)
-    _column_dots_kernel[grid](a, b, partials, n, d, ROWS=ROWS, CHUNK=CHUNK,
+    _column_dots_kernel[grid](a, b, partials, n, d, ROWS=ROWS, CHUNK=chunk_rows(a),
                               BLOCK_D=_block_d(d))
     return partials.sum(dim=0)
 
@@ -159,5 +163,6 @@ def cg_step(state, w: Tensor, delta: Tensor, done: Tensor):
     _cg_step_kernel[grid](state.z, state.r, state.u, state.p, state.s, w.contiguous(),
                           state.inv_diagonal, state.weights, state.gamma, state.gamma_prev,
                           state.alpha_prev, delta.contiguous(), done.reshape(-1), alpha,
-                          partials, n, d, ROWS=ROWS, CHUNK=CHUNK, BLOCK_D=_block_d(d))
+                          partials, n, d, ROWS=ROWS, CHUNK=chunk_rows(state.r),
+                          BLOCK_D=_block_d(d))
     return alpha, partials.sum(dim=0)
