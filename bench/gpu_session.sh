@@ -10,7 +10,9 @@
 #      backend (bench/gpu_epochs.py);
 #   6. (mode `locality` only, a second call: it needs a few minutes of its own) locality
 #      reordering on the products-sized block model with shuffled ids and on cornell5
-#      (bench/test_locality.py -m cuda).
+#      (bench/test_locality.py -m cuda), after the sm_90 compile of every Triton kernel
+#      variant with this machine's Triton: no register spills, each variant's registers
+#      printed (tests/test_triton.py::test_kernels_compile_for_the_gpu).
 #
 # Everything lands in $OUT (the files that come back), named as they go under bench/results/:
 #   gpu_<device>_run.json      device, versions, build time, test pass/fail/skip counts
@@ -29,9 +31,10 @@
 #         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, copied
 #         to the GPU machine with the tree); graphs whose files are missing are skipped and the
 #         summaries say so.
-# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, LOCALITY_TIMEOUT
-#         (seconds; default 200, 240, 170, 100, 420: 296 GPU tests since 2026-11-24, where the
-#         first GPU run took 77 s for 149; the build takes about 40 s of its 200).
+# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, KERNELS_TIMEOUT,
+#         LOCALITY_TIMEOUT (seconds; default 200, 240, 170, 100, 90, 420: 296 GPU tests since
+#         2026-11-24, where the first GPU run took 77 s for 149; the build takes about 40 s of
+#         its 200; the compile check 31 s on a 2-core CPU).
 set -x -o pipefail
 
 MODE="${1:-all}"
@@ -119,7 +122,13 @@ if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; 
   epochs_rc=$?
 fi
 
+kernels_rc=null
 locality_rc=null
+if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
+  timeout "${KERNELS_TIMEOUT:-90}" $PY -m pytest tests/test_triton.py -q -s -p no:cacheprovider \
+    -k test_kernels_compile_for_the_gpu 2>&1
+  kernels_rc=$?
+fi
 if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
   DIGNN_LOCALITY_SUMMARY="$OUT/gpu_${slug}_locality_summary.txt" \
     timeout "${LOCALITY_TIMEOUT:-420}" $PY -m pytest bench/test_locality.py -m cuda -q -s -rs \
@@ -130,16 +139,18 @@ fi
 run_name="gpu_${slug}_run.json"
 [ "$MODE" = "all" ] || run_name="gpu_${slug}_${MODE}_run.json"
 $PY - "$OUT" "$run_name" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" \
-    "$locality_rc" <<'EOF'
+    "$kernels_rc" "$locality_rc" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, run_name, build_rc, build_s, tests_rc, bench_rc, epochs_rc, locality_rc = sys.argv[1:]
+(out, run_name, build_rc, build_s, tests_rc, bench_rc, epochs_rc, kernels_rc,
+ locality_rc) = sys.argv[1:]
 import torch
 run = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
        "torch": torch.__version__, "cuda": torch.version.cuda,
        "build_rc": int(build_rc), "build_seconds": json.loads(build_s),
        "tests_rc": json.loads(tests_rc), "bench_rc": json.loads(bench_rc),
-       "epochs_rc": json.loads(epochs_rc), "locality_rc": json.loads(locality_rc),
+       "epochs_rc": json.loads(epochs_rc), "kernels_rc": json.loads(kernels_rc),
+       "locality_rc": json.loads(locality_rc),
        "versions": Path(out, "versions.txt").read_text().splitlines()}
 xml = Path(out, "tests.xml")
 if xml.exists():
