@@ -938,7 +938,7 @@ class Recorder:
                     sig[name], consts[name] = "constexpr", value
                 elif isinstance(value, torch.Tensor):  # fresh allocations: 16-byte aligned
                     sig[name], attrs[(i,)] = "*" + TYPES[value.dtype], [["tt.divisibility", 16]]
-                else:  # the JIT's specialization: an int divisible by 16 is known to be
+                else:  # as the JIT specializes an int: divisible by 16 or not
                     sig[name] = "i32"
                     if isinstance(value, int) and value % 16 == 0 and value and \
                             not self.fn.params[i].do_not_specialize:
