@@ -28,9 +28,10 @@
 # Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs|locality]  (default all; the others skip
 #         the build when dignn_kernels with CUDA kernels is already installed)
 # Data:   the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA,
-#         else ./shared/data, else ./.bench_data (a folder listed in .git/info/exclude, copied
-#         to the GPU machine with the tree); graphs whose files are missing are skipped and the
-#         summaries say so.
+#         else ./shared/data, else ./.bench_data: `bash bench/stage_gpu_data.sh` fills that
+#         folder from ../shared/data and lists it in .git/info/exclude; a device call takes it
+#         along when its carry names ".bench_data". Graphs whose files are missing are skipped
+#         and the summaries say so.
 # Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, KERNELS_TIMEOUT,
 #         LOCALITY_TIMEOUT (seconds; default 200, 240, 170, 100, 90, 420: 296 GPU tests since
 #         2026-11-24, where the first GPU run took 77 s for 149; the build takes about 40 s of
