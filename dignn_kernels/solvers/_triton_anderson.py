@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..backends.triton import _consts
-from ._triton_cg import ROWS, _block_d, _chunk, _columns, chunk_rows
+from ._triton_cg import ROWS, _block_d, _chunk, _columns, _grid, chunk_rows
 
 __all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
            "small_spd_solve"]
@@ -196,10 +196,6 @@ def _anderson_finish_kernel(sums, gram, proj, state, history, k, slot, count, D,
     tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
     tl.store(state + 3, tl.where(accept, res, tl.load(state + 3)))
     tl.store(state + 6, tl.where(accept, 1.0, 0.0))
-
-
-def _grid(n: int, d: int):
-    return (triton.cdiv(n, ROWS), triton.cdiv(d, _block_d(d)))
 
 
 def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
