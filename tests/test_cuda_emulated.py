@@ -25,6 +25,7 @@ from gpu_op_cases import (ROW_PRODUCT_CASES, check_against_cpu, check_fused_stor
                           check_row_product, check_row_product_errors,
                           check_row_product_of_nothing, check_scheduled_row_pass,
                           check_scheduled_row_pass_errors, check_storage16, graph_case)
+from test_storage_dtype import check_fused_loop_equals_solvers_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -318,6 +319,19 @@ def test_fused_solves_with_16bit_storage(emu, kind, n, d, h, storage_dtype):
     16-bit rounding (gpu_op_cases.check_fused_storage16)."""
     check_fused_storage16(runner(emu), graph_case(kind, n=n, d=d, h=h, dtype=torch.float32),
                           storage_dtype, context=kind)
+
+
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("kind,laplacian_name", [("symmetric", "neural"), ("directed", "rw")])
+def test_fused_16bit_loop_equals_solvers_loop(emu, monkeypatch, kind, laplacian_name,
+                                              storage_dtype):
+    """The emulated CUDA fused loop with 16-bit iterates against the solvers' loop over the
+    emulated passes, bit for bit (tests/test_storage_dtype.py's check): its wide last
+    iteration reads the stored 16-bit iterate into a float32 output (no widened copy), the
+    solvers' loop runs the float32 pass on a widened copy."""
+    emulated_cpu_backend(emu, monkeypatch)
+    check_fused_loop_equals_solvers_loop(monkeypatch, "cpu", kind, laplacian_name,
+                                         storage_dtype)
 
 
 @pytest.mark.parametrize("storage_dtype", STORAGE)

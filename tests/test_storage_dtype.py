@@ -176,7 +176,19 @@ def test_fused_loop_equals_solvers_loop(kind, laplacian_name, storage_dtype, bac
     solvers' loop's iteration over the same passes: Z and every gradient equal bit for bit, the
     same iteration counts and residuals up to summation order, with a fixed number of
     iterations (tol = 0), with at most 2 (no stored sweep: Z_1 = round(X), then the wide
-    last), and stopping early (the last iteration then follows the one that converged)."""
+    last), and stopping early (the last iteration then follows the one that converged).
+    The wide last iteration reads the stored iterate in 16 bits, the solvers' loop a widened
+    copy of it: the same sums. tests/test_cuda_emulated.py runs this on the emulated CUDA
+    passes."""
+    check_fused_loop_equals_solvers_loop(monkeypatch, backend, kind, laplacian_name,
+                                         storage_dtype)
+
+
+def check_fused_loop_equals_solvers_loop(monkeypatch, backend, kind, laplacian_name,
+                                         storage_dtype, device=None):
+    """The check of :func:`test_fused_loop_equals_solvers_loop` for the registered backend
+    ``backend`` (run on ``device``, default: the backend's name)."""
+    device = backend if device is None else device
     for max_iter, tol in ((8, 0.0), (2, 0.0), (30, 2e-2)):
         runs = {}
         for loop in ("fused", "solvers"):
@@ -184,7 +196,7 @@ def test_fused_loop_equals_solvers_loop(kind, laplacian_name, storage_dtype, bac
                 if loop == "solvers":
                     _without_fused_loop(m, backend)
                 runs[loop] = _run(kind, backend, storage_dtype, laplacian_name=laplacian_name,
-                                  device=backend, max_iter=max_iter, tol=tol)
+                                  device=device, max_iter=max_iter, tol=tol)
         (fused, f_layer), (solvers, s_layer) = runs["fused"], runs["solvers"]
         where = (max_iter, tol)
         for name in fused:

@@ -11,7 +11,9 @@ namespace dignn {
 namespace cpu {
 
 Residual::Residual(const at::Tensor& b, double tol) : tol_(tol) {
-  norms_.diff_sq = norms_.out_sq = b.square().sum(at::kDouble).item<double>();
+  // 16-bit b (a 16-bit solve's Y_1 as stored): squared in float32, as on the GPU
+  const at::Tensor wide = is_storage16(b) ? b.to(at::kFloat) : b;
+  norms_.diff_sq = norms_.out_sq = wide.square().sum(at::kDouble).item<double>();
 }
 
 bool Residual::stopped() const {

@@ -72,6 +72,7 @@ Isa isa() {
 // The template arguments: compute dtype, index type (and storage of the iterates).
 #define DIGNN_TARGS_WEIGHTS scalar_t, index_t
 #define DIGNN_TARGS_STORED scalar_t, index_t, storage_t
+#define DIGNN_TARGS_STORED_OUT scalar_t, index_t, storage_t, out_t
 
 template <typename T>
 const T* ptr_or_null(const at::Tensor& t) {
@@ -124,15 +125,24 @@ StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
   const auto run = [&](auto compute_tag, auto storage_tag) {
     using scalar_t = decltype(compute_tag);
     using storage_t = decltype(storage_tag);
-    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "row_pass", [&] {
-      norms = [&]() -> StepNorms {
-        DIGNN_CALL_ISA(row_pass_t, DIGNN_TARGS_STORED, csr.rowptr.data_ptr<int64_t>(),
-                       csr.col.data_ptr<index_t>(), map.w.data_ptr<scalar_t>(),
-                       map.b.data_ptr<scalar_t>(), map.cy.data_ptr<scalar_t>(),
-                       ptr_or_null<scalar_t>(map.rs), y.data_ptr<storage_t>(),
-                       csr.rowptr.numel() - 1, y.size(1), out.data_ptr<storage_t>())
-      }();
-    });
+    const auto with_output = [&](auto out_tag) {
+      using out_t = decltype(out_tag);
+      AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "row_pass", [&] {
+        norms = [&]() -> StepNorms {
+          DIGNN_CALL_ISA(row_pass_t, DIGNN_TARGS_STORED_OUT, csr.rowptr.data_ptr<int64_t>(),
+                         csr.col.data_ptr<index_t>(), map.w.data_ptr<scalar_t>(),
+                         map.b.data_ptr<scalar_t>(), map.cy.data_ptr<scalar_t>(),
+                         ptr_or_null<scalar_t>(map.rs), y.data_ptr<storage_t>(),
+                         csr.rowptr.numel() - 1, y.size(1), out.data_ptr<out_t>())
+        }();
+      });
+    };
+    // out in y's dtype, or (the wide last iteration of a 16-bit solve) in the compute dtype
+    if (out.scalar_type() == y.scalar_type()) {
+      with_output(storage_t{});
+    } else {
+      with_output(scalar_t{});
+    }
   };
   ops::dispatch_stored(compute, y.scalar_type(), "row_pass", run);
   return norms;

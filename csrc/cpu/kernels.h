@@ -33,6 +33,8 @@ StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor&
 //   out_i = b_i + cy_i y_i + rs_i * sum_k w_k y_{col_k}      (rs undefined: 1)
 // Forward:  b = X, rs = ca, w = W                 (CSR of W)
 // Adjoint:  b = g, rs = 1,  w = W^T_ji ca_j       (CSR of W^T, scaled once per backward)
+// out in y's dtype, or in the compute dtype (w's) from 16-bit y (a 16-bit solve's wide last
+// iteration).
 StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
                    const at::Tensor& out);
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -43,10 +44,14 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
 
 // Declares (in the current namespace) or explicitly instantiates the pass templates: every
 // pass for compute dtype T and index type I with iterates stored in T, and the row and
-// gradient passes for float with iterates stored in 16 bits (DIGNN_STORAGE16_SIGNATURES).
+// gradient passes for float with iterates stored in 16 bits (DIGNN_STORAGE16_SIGNATURES),
+// the row pass also with a float output (the wide last iteration of a 16-bit solve).
+#define DIGNN_ROW_PASS_SIGNATURE(PREFIX, T, I, S, O)                                       \
+  PREFIX StepNorms row_pass_t<T, I, S, O>(const int64_t*, const I*, const T*, const T*,   \
+                                          const T*, const T*, const S*, int64_t, int64_t, \
+                                          O*);
 #define DIGNN_ROW_GRAD_SIGNATURES(PREFIX, T, I, S)                                            \
-  PREFIX StepNorms row_pass_t<T, I, S>(const int64_t*, const I*, const T*, const T*, const T*, \
-                                       const T*, const S*, int64_t, int64_t, S*);             \
+  DIGNN_ROW_PASS_SIGNATURE(PREFIX, T, I, S, S)                                                \
   PREFIX void grad_pass_t<T, I, S>(const int64_t*, const I*, const T*, const T*, const T*,     \
                                    int64_t, int64_t, T, const S*, const S*, int64_t,           \
                                    const T*, const int64_t*, const I*, const T*, const T*, T*, \
@@ -58,9 +63,11 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                             const T*, const T*, int64_t, T, T*);            \
   DIGNN_ROW_GRAD_SIGNATURES(PREFIX, T, I, T)
 
-#define DIGNN_STORAGE16_SIGNATURES(PREFIX, I)                 \
-  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::BFloat16) \
-  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::Half)
+#define DIGNN_STORAGE16_SIGNATURES(PREFIX, I)                        \
+  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::BFloat16)        \
+  DIGNN_ROW_GRAD_SIGNATURES(PREFIX, float, I, c10::Half)            \
+  DIGNN_ROW_PASS_SIGNATURE(PREFIX, float, I, c10::BFloat16, float) \
+  DIGNN_ROW_PASS_SIGNATURE(PREFIX, float, I, c10::Half, float)
 
 #define DIGNN_PASS_ALL_TYPES(PREFIX)             \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int32_t)  \
@@ -75,9 +82,9 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
   StepNorms neural_edge_pass_t(const int64_t*, const I*, const T*, const T*, const T*,       \
                                int64_t, int64_t, T, T*, T*, const T*, const T*, const T*,    \
                                int64_t, T, T*);                                             \
-  template <typename T, typename I, typename S>                                              \
+  template <typename T, typename I, typename S, typename O>                                  \
   StepNorms row_pass_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,     \
-                       const S*, int64_t, int64_t, S*);                                     \
+                       const S*, int64_t, int64_t, O*);                                     \
   template <typename T, typename I, typename S>                                              \
   void grad_pass_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t, int64_t, \
                    T, const S*, const S*, int64_t, const T*, const int64_t*, const I*,       \

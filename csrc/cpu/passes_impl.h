@@ -403,16 +403,18 @@ inline typename Stored<S>::T edge_grad_dot(const S* __restrict__ a_i, const S* _
 // ------------------------------------------------------------------ the row step --
 // out_i = b_i + cy y_i + ca sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
 // block's ||out_i - y_i||^2, ||out_i||^2 (of out_i as stored: the solvers' loop's norms of
-// its iterates). y and out are stored as S (16-bit storage: widened on load, rounded on the
-// store), b is in the compute dtype T.
-template <int NV, typename S, typename I, typename T = typename Stored<S>::T>
+// its iterates). y is stored as S (16-bit storage: widened on load), out as O: S (rounded on
+// the store) or, for the wide last iteration of a 16-bit solve, the compute dtype T; b is in T.
+template <int NV, typename S, typename I, typename O, typename T = typename Stored<S>::T>
 inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
                        const S* __restrict__ y_i, int64_t d, int64_t c0,
                        const I* __restrict__ col, const T* __restrict__ w, int64_t k0,
-                       int64_t k1, T cy, T ca, S* __restrict__ out_i, T& diff_sq,
+                       int64_t k1, T cy, T ca, O* __restrict__ out_i, T& diff_sq,
                        T& out_sq) {
+  static_assert(std::is_same<typename Stored<O>::T, T>::value, "out in S or in T");
   using V = Simd<T>;
   using L = Stored<S>;
+  using LO = Stored<O>;
   typename V::vec acc[NV];
 #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) acc[v] = typename V::vec{};
@@ -434,8 +436,8 @@ inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
     const int64_t c = c0 + v * V::kLanes;
     const typename V::vec yi = L::load(y_i + c);
     const typename V::vec o = V::load(b_i + c) + vcy * yi + vca * acc[v];
-    L::store(out_i + c, o);
-    const typename V::vec r = L::reload(out_i + c, o);
+    LO::store(out_i + c, o);
+    const typename V::vec r = LO::reload(out_i + c, o);
     const typename V::vec t = r - yi;
     ds += t * t;
     os += r * r;
@@ -444,13 +446,14 @@ inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
   out_sq += V::sum(os);
 }
 
-template <typename S, typename I, typename T = typename Stored<S>::T>
+template <typename S, typename I, typename O, typename T = typename Stored<S>::T>
 inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
                      const S* __restrict__ y_i, int64_t d, const I* __restrict__ col,
                      const T* __restrict__ w, int64_t k0, int64_t k1, T cy, T ca,
-                     S* __restrict__ out_i, T& diff_sq, T& out_sq) {
+                     O* __restrict__ out_i, T& diff_sq, T& out_sq) {
   using V = Simd<T>;
   using L = Stored<S>;
+  using LO = Stored<O>;
   int64_t c0 = 0;
   for (; c0 + V::kBlock <= d; c0 += V::kBlock) {
     step_block<V::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq);
@@ -480,8 +483,8 @@ inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
     }
     const T yi = L::load_one(y_i + c0);
     const T o = b_i[c0] + cy * yi + ca * acc;
-    L::store_one(out_i + c0, o);
-    const T r = L::reload_one(out_i + c0, o);
+    LO::store_one(out_i + c0, o);
+    const T r = LO::reload_one(out_i + c0, o);
     const T t = r - yi;
     diff_sq += t * t;
     out_sq += r * r;
@@ -534,10 +537,11 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
   return reduce_norms(parts);
 }
 
-// y and out stored as S (the compute dtype T, or 16 bits with T = float).
-template <typename T, typename I, typename S>
+// y stored as S (the compute dtype T, or 16 bits with T = float), out as O (S, or T: the
+// wide last iteration of a 16-bit solve, csrc/ops/solve.h).
+template <typename T, typename I, typename S, typename O>
 StepNorms row_pass_t(const int64_t* rowptr, const I* col, const T* w, const T* b, const T* cy,
-                     const T* rs, const S* y, int64_t n, int64_t d, S* out) {
+                     const T* rs, const S* y, int64_t n, int64_t d, O* out) {
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   std::vector<StepNorms> parts(chunks.size());
   parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {

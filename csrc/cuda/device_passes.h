@@ -33,6 +33,8 @@ namespace DIGNN_SIMT_NS {
 class DeviceResidual {
  public:
   // Iteration 1 from Y_0 = 0 gives Y_1 = B: [1, ||b||, 1 (0 if b = 0)], converged if b = 0.
+  // b in the compute dtype, or (a 16-bit solve's Y_1 as stored) in 16 bits, widened to float32
+  // element by element.
   DeviceResidual(const at::Tensor& b, double tol, simt::Stream stream)
       : stats_(at::empty({3}, b.options().dtype(at::kDouble))),
         flag_(at::zeros({1}, b.options().dtype(at::kInt))),
@@ -40,11 +42,15 @@ class DeviceResidual {
         stream_(stream) {
     const int64_t blocks = sum_squares_blocks(b.numel());
     at::Tensor sums = at::empty({blocks, 2}, b.options().dtype(at::kDouble));
-    AT_DISPATCH_FLOATING_TYPES(b.scalar_type(), "sum_squares", [&] {
-      check_status(launch_sum_squares<scalar_t>(data_or_null<scalar_t>(b), b.numel(),
-                                                sums.data_ptr<double>(), stream),
-                   "sum_squares");
-    });
+    const at::ScalarType stored = b.scalar_type();
+    ops::dispatch_stored(is_storage16(b) ? at::kFloat : stored, stored, "sum_squares",
+                         [&](auto compute_tag, auto storage_tag) {
+                           using T = decltype(compute_tag);
+                           using S = decltype(storage_tag);
+                           check_status(launch_sum_squares<T, S>(data_or_null<S>(b), b.numel(),
+                                                                 sums.data_ptr<double>(), stream),
+                                        "sum_squares");
+                         });
     check_status(launch_finalize_step(sums.data_ptr<double>(), blocks, nullptr, 0,
                                       stats_.data_ptr<double>(), flag_.data_ptr<int32_t>(), 1,
                                       tol, false, stream),

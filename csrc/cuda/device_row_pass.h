@@ -53,16 +53,21 @@ class RowPass {
   const double* done = nullptr;        // the row product's (cg's) flag: once set, no writes
 
   // out = b + cy y + rs (W y), or only the neural weights when y is undefined. y and out in
-  // the compute dtype, or (cached weights, float32 compute) both in one 16-bit dtype.
+  // the compute dtype, or (cached weights, float32 compute) y in a 16-bit dtype and out in
+  // that dtype or (a 16-bit solve's wide last iteration) in float32.
   void run(const at::Tensor& y, const at::Tensor& out, simt::Stream stream) const {
     if (csr_.n == 0) return;
     TORCH_INTERNAL_ASSERT(!neural_ || !y.defined() || y.scalar_type() == dtype_,
                           "neural row pass of ", y.scalar_type(), " iterates");
+    const bool wide_out = y.defined() && out.scalar_type() != y.scalar_type();
+    TORCH_INTERNAL_ASSERT(!wide_out || out.scalar_type() == dtype_, "row pass of ",
+                          y.scalar_type(), " iterates into ", out.scalar_type());
     ops::dispatch_stored(dtype_, y.defined() ? y.scalar_type() : dtype_, "row_pass",
                          [&](auto compute_tag, auto storage_tag) {
                            using T = decltype(compute_tag);
                            using S = decltype(storage_tag);
-                           check_status(launch_row_pass<T, S>(args<T, S>(y, out), stream),
+                           check_status(wide_out ? launch_row_pass(args<T, S, T>(y, out), stream)
+                                                 : launch_row_pass(args<T, S, S>(y, out), stream),
                                         "row_pass");
                          });
   }
@@ -95,9 +100,9 @@ class RowPass {
   }
 
  private:
-  template <typename T, typename S>
-  RowPassArgs<T, S> args(const at::Tensor& y, const at::Tensor& out) const {
-    RowPassArgs<T, S> A;
+  template <typename T, typename S, typename O>
+  RowPassArgs<T, S, O> args(const at::Tensor& y, const at::Tensor& out) const {
+    RowPassArgs<T, S, O> A;
     A.neural = neural_;
     A.rowptr = csr_.rowptr.data_ptr<int64_t>();
     A.col = csr_.col.data_ptr<int32_t>();
@@ -114,7 +119,7 @@ class RowPass {
     A.kappa_out = data_or_null<T>(kappa_out);
     A.b = data_or_null<T>(map.b);
     A.y = data_or_null<S>(y);
-    A.out = data_or_null<S>(out);
+    A.out = data_or_null<O>(out);
     A.d = d_;
     A.cy = data_or_null<T>(map.cy);
     A.rs = data_or_null<T>(map.rs);

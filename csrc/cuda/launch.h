@@ -100,15 +100,16 @@ inline PassPlan plan_pass(int64_t n, int64_t m, int64_t widest_vecs, int vec) {
 //   (cy, rs) = row_coefficients(chi_i, kappa_i, inv_mu) when chi is given. With y null only the
 //   weights and kappa are made (neural_edge_weights).
 // With `converged` set on the device, the pass only carries y forward (out = y) and adds nothing
-// to the norms; the weights of a neural pass are still made. y and out are stored as S (a
-// 16-bit S only with cached weights).
+// to the norms; the weights of a neural pass are still made. y is stored as S (a 16-bit S
+// only with cached weights), out as O: S, or T for the wide last iteration of a 16-bit solve
+// (csrc/ops/solve.h; cached weights, no row product).
 // The row product of a cg solve (`dots` set; cached weights, S == T, b null: b = 0): each launch
 // of the segment kernel makes the channels of one channel block (`channel_block`, of
 // G * kCudaVecsPerLane vectors), with the block's per-channel sums of out_i y_i over its rows
 // other than heavy ones (in float64, the products exact) in dots[block][channel];
 // launch_row_product_dots adds them up with the heavy rows' products. Once the float64 flag
 // `done` is set (cg's flags), the kernels write nothing.
-template <typename T, typename S = T>
+template <typename T, typename S = T, typename O = S>
 struct RowPassArgs {
   bool neural = false;  // neural weights made in the pass (else cached w)
   const int64_t* rowptr = nullptr;
@@ -125,7 +126,7 @@ struct RowPassArgs {
   T* kappa_out = nullptr;
   const T* b = nullptr;
   const S* y = nullptr;
-  S* out = nullptr;
+  O* out = nullptr;
   int64_t d = 0;
   const T* cy = nullptr;
   const T* rs = nullptr;
@@ -180,8 +181,8 @@ struct GradPassArgs {
 DIGNN_HOST_DEV int64_t grad_partial_stride(int64_t h) { return 2 * h + 4; }
 
 // Launchers (csrc/cuda/*.cu). Each returns the launch status (0 = success).
-template <typename T, typename S>
-int launch_row_pass(const RowPassArgs<T, S>& args, simt::Stream stream);
+template <typename T, typename S, typename O>
+int launch_row_pass(const RowPassArgs<T, S, O>& args, simt::Stream stream);
 template <typename T, typename S>
 int launch_grad_pass(const GradPassArgs<T, S>& args, simt::Stream stream);
 // Their instantiations for float and double, and float with 16-bit storage, each in its own .cu
@@ -192,6 +193,14 @@ int launch_grad_pass(const GradPassArgs<T, S>& args, simt::Stream stream);
   template int LAUNCHER<float, c10::BFloat16>(const ARGS<float, c10::BFloat16>&,            \
                                               simt::Stream);                                \
   template int LAUNCHER<float, c10::Half>(const ARGS<float, c10::Half>&, simt::Stream);
+// The row pass also reads 16-bit iterates into a float32 output (a 16-bit solve's wide last
+// iteration).
+#define DIGNN_INSTANTIATE_ROW_PASS_LAUNCHER                                                  \
+  DIGNN_INSTANTIATE_PASS_LAUNCHER(launch_row_pass, RowPassArgs)                            \
+  template int launch_row_pass<float, c10::BFloat16, float>(                               \
+      const RowPassArgs<float, c10::BFloat16, float>&, simt::Stream);                      \
+  template int launch_row_pass<float, c10::Half, float>(                                   \
+      const RowPassArgs<float, c10::Half, float>&, simt::Stream);
 
 int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
                            simt::Stream stream);
@@ -205,8 +214,9 @@ int launch_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
                     simt::Stream stream);
 // Blocks that sum_squares writes partial sums for (a function of the element count only).
 int64_t sum_squares_blocks(int64_t count);
-template <typename T>
-int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream);
+// ||x||^2 as block sums, x stored as S (T, or 16 bits with T = float), squares in T.
+template <typename T, typename S>
+int launch_sum_squares(const S* x, int64_t count, double* block_norms, simt::Stream stream);
 // The row product's dots (RowPassArgs) from the block table of its pass, its input y and its
 // output out: result[c] = the sum over the main_blocks rows of `dots`, then of out_ic y_ic over
 // the heavy rows i of the schedule (their number read on the device; few: each has more than

@@ -3,6 +3,6 @@
 
 namespace dignn {
 namespace DIGNN_SIMT_NS {
-DIGNN_INSTANTIATE_PASS_LAUNCHER(launch_row_pass, RowPassArgs)
+DIGNN_INSTANTIATE_ROW_PASS_LAUNCHER
 }  // namespace DIGNN_SIMT_NS
 }  // namespace dignn

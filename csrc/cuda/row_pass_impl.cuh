@@ -16,11 +16,12 @@ struct EdgeSlot {
   T val;
 };
 
-// Copies row y_i to out_i, both stored as S (a converged solve carries its result forward).
-template <typename S, int V, int G>
-DIGNN_DEV void carry_row(const S* y_i, S* out_i, int64_t nvec, int lane) {
+// Copies row y_i, stored as S, to out_i, stored as O (a converged solve carries its result
+// forward).
+template <typename S, typename O, int V, int G>
+DIGNN_DEV void carry_row(const S* y_i, O* out_i, int64_t nvec, int lane) {
   for (int64_t vi = lane; vi < nvec; vi += G) {
-    store<S, V>(out_i + vi * V, load_ro<S, V>(y_i + vi * V));
+    store<O, V>(out_i + vi * V, converted<O>(load_ro<S, V>(y_i + vi * V)));
   }
 }
 
@@ -48,10 +49,11 @@ DIGNN_DEV void store_block_dots(const double (&lane_dots)[kCudaVecsPerLane][V], 
   }
 }
 
-// One segment (a whole row, or a part of a heavy row) per group of G lanes; iterates stored as
-// S (16-bit S: cached weights only). kDots: the row product (RowPassArgs), one channel block.
-template <typename T, typename S, int V, int G, bool kNeural, bool kDots>
-DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
+// One segment (a whole row, or a part of a heavy row) per group of G lanes; y stored as S
+// (16-bit S: cached weights only), out as O (RowPassArgs). kDots: the row product
+// (RowPassArgs), one channel block.
+template <typename T, typename S, typename O, int V, int G, bool kNeural, bool kDots>
+DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S, O> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   static_assert(G % kCudaRowUnroll == 0, "a batch of edges lies within the group's G edges");
@@ -74,10 +76,10 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
     const int64_t d = A.d;
     const int64_t nvec = A.y != nullptr ? d / V : 0;
     const S* y_i = A.y + i * d;
-    S* out_i = A.out + i * d;
+    O* out_i = A.out + i * d;
 
     if (!kNeural && carry) {  // converged: out = y (heavy rows: in the combine kernel)
-      if (!heavy) carry_row<S, V, G>(y_i, out_i, nvec, lane);
+      if (!heavy) carry_row<S, O, V, G>(y_i, out_i, nvec, lane);
     } else {
       T cy = T(0), rs = T(0);
       if (!kNeural) {
@@ -205,7 +207,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
                   const Pack<T, V> bi = load_ro<T, V>(b_i + vi * V);
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) o.v[c] = bi.v[c] + cy * yi.v[c] + rs * acc[t].v[c];
-                  const Pack<T, V> r = as_stored<S>(o);  // the norms are of o as stored
+                  const Pack<T, V> r = as_stored<O>(o);  // the norms are of o as stored
                   DIGNN_UNROLL
                   for (int c = 0; c < V; ++c) {
                     const T diff = r.v[c] - yi.v[c];
@@ -244,8 +246,8 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S> A) {
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
 // kDots: the row product (RowPassArgs), every channel.
-template <typename T, typename S, bool kNeural, bool kDots>
-DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
+template <typename T, typename S, typename O, bool kNeural, bool kDots>
+DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S, O> A) {
   constexpr int kGroups = kCudaBlockThreads / 32;
   if (kDots && *A.done != 0.0) return;  // the whole grid returns: nothing written
   const Group<32> grp;
@@ -287,12 +289,12 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
         T acc = T(0);
         for (int64_t s = 0; s < nseg; ++s) acc += A.partial[(slot0 + s) * d + c];
         o = A.b[i * d + c] + cy * yi + rs * acc;
-        const T r = static_cast<T>(static_cast<S>(o));  // o as stored
+        const T r = static_cast<T>(static_cast<O>(o));  // o as stored
         const T diff = r - yi;
         lane_diff += diff * diff;
         lane_out += r * r;
       }
-      A.out[i * d + c] = static_cast<S>(o);
+      A.out[i * d + c] = static_cast<O>(o);
     }
     row_diff = grp.sum(lane_diff);
     row_out = grp.sum(lane_out);
@@ -304,10 +306,10 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S> A) {
 }
 
 // The segment kernel (the row product: once per channel block), then the heavy-row kernel.
-// The neural kernels and the row product's are compiled for S == T only.
-template <typename T, typename S>
-int launch_row_pass(const RowPassArgs<T, S>& A, simt::Stream stream) {
-  constexpr bool kSame = std::is_same<S, T>::value;
+// The neural kernels and the row product's are compiled for S == O == T only.
+template <typename T, typename S, typename O>
+int launch_row_pass(const RowPassArgs<T, S, O>& A, simt::Stream stream) {
+  constexpr bool kSame = std::is_same<S, T>::value && std::is_same<O, T>::value;
   if ((A.neural || A.dots != nullptr) && !kSame) return 1;  // cudaErrorInvalidValue
   const bool neural = kSame && A.neural;
   const bool dots = kSame && A.dots != nullptr;
@@ -315,23 +317,23 @@ int launch_row_pass(const RowPassArgs<T, S>& A, simt::Stream stream) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
     if (dots) {
       const int64_t nvec = A.d / V;
-      RowPassArgs<T, S> B = A;
+      RowPassArgs<T, S, O> B = A;
       for (B.channel_block = 0; B.channel_block * G * kCudaVecsPerLane < nvec;
            ++B.channel_block) {
-        const int s = simt::launch(&row_pass_kernel<T, S, V, G, false, kSame>,
+        const int s = simt::launch(&row_pass_kernel<T, S, O, V, G, false, kSame>,
                                    A.plan.main_blocks, kCudaBlockThreads, stream, B);
         if (s != 0) return s;
       }
       return 0;
     }
-    const auto kernel = neural ? &row_pass_kernel<T, S, V, G, kSame, false>
-                               : &row_pass_kernel<T, S, V, G, false, false>;
+    const auto kernel = neural ? &row_pass_kernel<T, S, O, V, G, kSame, false>
+                               : &row_pass_kernel<T, S, O, V, G, false, false>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;
-  const auto combine = neural ? &row_combine_kernel<T, S, kSame, false>
-                              : (dots ? &row_combine_kernel<T, S, false, kSame>
-                                      : &row_combine_kernel<T, S, false, false>);
+  const auto combine = neural ? &row_combine_kernel<T, S, O, kSame, false>
+                              : (dots ? &row_combine_kernel<T, S, O, false, kSame>
+                                      : &row_combine_kernel<T, S, O, false, false>);
   return simt::launch(combine, A.plan.combine_blocks, kCudaBlockThreads, stream, A);
 }
 

@@ -30,9 +30,9 @@ int launch_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
 
 int64_t sum_squares_blocks(int64_t count) { return sum_squares_blocks_impl(count); }
 
-template <typename T>
-int launch_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream) {
-  return run_sum_squares<T>(x, count, block_norms, stream);
+template <typename T, typename S>
+int launch_sum_squares(const S* x, int64_t count, double* block_norms, simt::Stream stream) {
+  return run_sum_squares<T, S>(x, count, block_norms, stream);
 }
 
 int launch_finalize_step(const double* norms_a, int64_t blocks_a, const double* norms_b,
@@ -55,13 +55,18 @@ int launch_row_product_dots(const double* dots, int64_t main_blocks, ScheduleVie
   template int launch_row_coefficients<T>(const T*, const T*, T, int64_t, T*, T*,           \
                                           simt::Stream);                                    \
   template int launch_row_sums<T>(const int64_t*, const T*, int64_t, T*, simt::Stream);     \
-  template int launch_sum_squares<T>(const T*, int64_t, double*, simt::Stream);          \
+  template int launch_sum_squares<T, T>(const T*, int64_t, double*, simt::Stream);       \
   template int launch_row_product_dots<T>(const double*, int64_t, ScheduleView, const T*, \
                                           const T*, int64_t, const double*, T*,           \
                                           simt::Stream);
 DIGNN_SMALL_KERNELS(float)
 DIGNN_SMALL_KERNELS(double)
 #undef DIGNN_SMALL_KERNELS
+// Iteration 1 of a 16-bit solve: the norms of Y_1 = round(B) as stored.
+template int launch_sum_squares<float, c10::BFloat16>(const c10::BFloat16*, int64_t, double*,
+                                                      simt::Stream);
+template int launch_sum_squares<float, c10::Half>(const c10::Half*, int64_t, double*,
+                                                  simt::Stream);
 
 }  // namespace DIGNN_SIMT_NS
 }  // namespace dignn

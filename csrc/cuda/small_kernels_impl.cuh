@@ -90,17 +90,17 @@ DIGNN_HOST_DEV int64_t sum_squares_blocks_impl(int64_t count) {
   return blocks < 1 ? 1 : blocks;
 }
 
-// ||x||^2 (squares in T, sums in double) as block sums, written twice: iteration 1 of a solve
-// from zero has out = x and out - previous = x.
-template <typename T>
-DIGNN_KERNEL(kCudaReduceThreads) sum_squares_kernel(const T* x, int64_t count,
+// ||x||^2 (x stored as S, widened to T; squares in T, sums in double) as block sums, written
+// twice: iteration 1 of a solve from zero has out = x and out - previous = x.
+template <typename T, typename S>
+DIGNN_KERNEL(kCudaReduceThreads) sum_squares_kernel(const S* x, int64_t count,
                                                     double* block_norms) {
   const int64_t stride =
       static_cast<int64_t>(kCudaReduceThreads) * sum_squares_blocks_impl(count);
   double s = 0.0;
   for (int64_t k = simt::block_idx() * kCudaReduceThreads + simt::thread_idx(); k < count;
        k += stride) {
-    const T v = x[k];
+    const T v = static_cast<T>(x[k]);
     s += static_cast<double>(v * v);
   }
   double s2 = s;
@@ -199,10 +199,10 @@ int run_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,
                       kCudaBlockThreads, stream, rowptr, values, n, out);
 }
 
-template <typename T>
-int run_sum_squares(const T* x, int64_t count, double* block_norms, simt::Stream stream) {
-  return simt::launch(&sum_squares_kernel<T>, sum_squares_blocks_impl(count), kCudaReduceThreads,
-                      stream, x, count, block_norms);
+template <typename T, typename S>
+int run_sum_squares(const S* x, int64_t count, double* block_norms, simt::Stream stream) {
+  return simt::launch(&sum_squares_kernel<T, S>, sum_squares_blocks_impl(count),
+                      kCudaReduceThreads, stream, x, count, block_norms);
 }
 
 }  // namespace DIGNN_SIMT_NS

@@ -26,7 +26,8 @@
 //     void fused_step(const Csr&, const NeuralEdges&, at::Tensor& w, at::Tensor& kappa,
 //                     const NeuralStep&, const Iterates& z, int64_t t, Residual&) const;
 //     // The row pass (the op csr_fma), RowMap. y and out may be stored in bfloat16 or float16
-//     // when the compute dtype (w's) is float32 (csrc/ops/storage.h).
+//     // when the compute dtype (w's) is float32 (csrc/ops/storage.h), out in y's dtype or,
+//     // from 16-bit y (the wide last iteration below), in float32.
 //     void row_pass(const Csr&, const RowMap&, const at::Tensor& y, const at::Tensor& out) const;
 //     // The row product of a cg sweep (the op row_product): out = cy.y + rs.(W y) (map.b
 //     // undefined: 0) and dots[c] = sum_i out_ic y_ic, with the exact products summed in
@@ -38,7 +39,8 @@
 //     // step in the residual it was made with.
 //     RowStep row_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;
 //     // The wide last iteration of a solve with 16-bit iterates (csrc/ops/solve.h): a row step
-//     // over y in the compute dtype that runs even when the solve has stopped, and records
+//     // from y.current in 16 bits into y.next in the compute dtype (float32; no widened copy
+//     // of y) that runs even when the solve has stopped, and records
 //     // itself as the iteration after the last one the residual recorded (its run(y, t) names
 //     // that t where the host knows it; on the GPU the device flag decides).
 //     RowStep last_step(const Csr&, const RowMap&, const Iterates& y, Residual&) const;
@@ -49,7 +51,9 @@
 //     void weight_grads(const Csr&, const Csr* t_csr, const NeuralEdges&, const at::Tensor& t_a,
 //                       const EdgeGradient&, at::Tensor& grad_p, at::Tensor& grad_q) const;
 //
-//     Residual first_iteration(const at::Tensor& b, double tol) const;  // Y_1 = B (Y_0 = 0)
+//     // Y_1 = B (Y_0 = 0); b in the compute dtype or (a 16-bit solve) in 16 bits with float32
+//     // compute.
+//     Residual first_iteration(const at::Tensor& b, double tol) const;
 //     // The data checks of dignn::check_graph (csrc/ops/checks.h).
 //     void check_graph_data(rowptr, col, const Transposed&) const;
 //   };

@@ -50,8 +50,8 @@ inline at::ScalarType iterate_storage(const OptDtype& storage_dtype, int64_t max
 }
 
 // Iteration 1 of a solve from Y_0 = 0: Y_1 = B as the solve stores it (rounded to the 16-bit
-// storage dtype, else a copy), and the residual of Y_1 as stored (widened: the residual takes
-// the compute dtype).
+// storage dtype, else a copy), and the residual of Y_1 as stored (Passes::first_iteration
+// widens 16-bit values to float32 as it reads them).
 template <typename Passes>
 std::pair<Iterates, typename Passes::Residual> start_solve(const Passes& passes,
                                                            const at::Tensor& b,
@@ -60,7 +60,7 @@ std::pair<Iterates, typename Passes::Residual> start_solve(const Passes& passes,
     return {Iterates{b.clone(), at::Tensor()}, passes.first_iteration(b, tol)};
   }
   Iterates y{b.to(storage), at::Tensor()};
-  typename Passes::Residual residual = passes.first_iteration(y.current.to(b.scalar_type()), tol);
+  typename Passes::Residual residual = passes.first_iteration(y.current, tol);
   return {std::move(y), std::move(residual)};
 }
 
@@ -70,13 +70,14 @@ inline at::Tensor stored_as(const at::Tensor& t, at::ScalarType storage) {
 }
 
 // The last iteration of a solve with 16-bit iterates: map applied to the last stored iterate
-// y.current (iteration `last`), its output in the compute dtype (b's), and recorded as
-// iteration last + 1 (the device's residual counts from the iteration it stopped at).
+// y.current (iteration `last`), read in 16 bits, its output in the compute dtype (b's), and
+// recorded as iteration last + 1 (the device's residual counts from the iteration it stopped
+// at).
 template <typename Passes>
 at::Tensor wide_last_iteration(const Passes& passes, const typename Passes::Csr& csr,
                                const RowMap& map, const Iterates& y, int64_t last,
                                typename Passes::Residual& residual) {
-  const Iterates wide{y.current.to(map.b.scalar_type()), at::empty_like(map.b)};
+  const Iterates wide{y.current, at::empty_like(map.b)};
   passes.last_step(csr, map, wide, residual).run(wide, last + 1);
   return wide.next;
 }
