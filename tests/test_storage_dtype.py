@@ -308,6 +308,47 @@ def test_triton_passes_take_16bit(storage_dtype, segment_edges, triton_device, m
     assert wide.dtype == torch.float32 and torch.equal(out, wide.to(storage_dtype))
 
 
+@pytest.mark.parametrize("storage_dtype", STORAGE)
+@pytest.mark.parametrize("segment_edges", [4, 64], ids=["heavy_rows", "whole_rows"])
+def test_triton_wide_last_iteration_reads_16bit(storage_dtype, segment_edges, triton_device,
+                                                monkeypatch, one_thread):
+    """The Triton backend's solves run their sweeps as row steps; the wide last iteration,
+    forward and adjoint, is one call of the row map, which reads the stored 16-bit iterate and
+    writes float32 (no widened copy of it), equal bit for bit to the map of the widened
+    iterate, heavy rows included."""
+    monkeypatch.setattr(tb, "SEGMENT_EDGES", segment_edges)
+    backend = backends.get_backend("triton")
+    seen = []
+
+    def row_map(*graph):
+        prepared = backend.row_map(*graph)
+
+        def spied(y, b, out_dtype=None):
+            out = prepared(y, b, out_dtype)
+            seen.append((y.dtype, out.dtype))
+            assert torch.equal(out, prepared(y.float(), b))
+            return out
+        return spied
+
+    monkeypatch.setitem(backends._REGISTRY, "triton",
+                        dataclasses.replace(backend, row_map=row_map))
+    layer = make_layer(5, dtype=torch.float32, backend="triton", storage_dtype=storage_dtype,
+                       max_iter=6, tol=0.0).to(triton_device)
+    x, ei, w = make_graph("directed", dtype=torch.float32)
+    x, ei = x.to(triton_device), ei.to(triton_device)
+    w = w.to(triton_device) if w is not None else None
+    z = layer(x.requires_grad_(), ei, w)
+    z.sum().backward()
+    assert z.dtype == torch.float32 and layer.iterations == 6
+    assert seen == [(storage_dtype, torch.float32)] * 2, seen
+    one_node = backend.row_map(*(t.to(triton_device) for t in (
+        torch.tensor([0, 0]), torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(1),
+        torch.ones(1))))
+    y, b = torch.zeros(1, 2, dtype=storage_dtype), torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="out_dtype must be"):
+        one_node(y.to(triton_device), b.to(triton_device), torch.float64)
+
+
 def test_triton_bfloat16_rounds_to_nearest_even(triton_device, one_thread):
     """The row pass's bfloat16 store rounds to nearest even, as torch (and the GPU) do, also
     in the interpreter (whose own conversion truncates)."""

@@ -35,7 +35,7 @@ from functools import partial
 
 import torch
 
-from .interface import STORAGE_DTYPES, Backend, FusedSolve
+from .interface import STORAGE_DTYPES, Backend, FusedSolve, widened_to
 
 __all__ = ["CPU", "CUDA", "prepared_row_map", "prepared_row_product"]
 
@@ -67,10 +67,12 @@ def prepared_row_product(ops):
 
 def prepared_row_map(ops):
     """The pass interface's row map over the ops ``csr_schedule`` and ``csr_fma`` of ``ops``:
-    each sweep ``map(y, b)`` one ``csr_fma`` call on the graph's schedule."""
+    each sweep ``map(y, b)`` one ``csr_fma`` call on the graph's schedule (with an
+    ``out_dtype`` other than y's, on y widened to it: the op writes y's dtype)."""
     def row_map(rowptr, col, w, cy, rs):
         col, schedule = _scheduled(ops, rowptr, col)
-        return lambda y, b: ops.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
+        return lambda y, b, out_dtype=None: ops.csr_fma(
+            rowptr, col, w, widened_to(y, out_dtype), b, cy, rs, schedule)
     return row_map
 
 

@@ -14,7 +14,10 @@ optional row map, row step and row product and an optional fused solve:
 - ``row_map`` (optional): ``row_map(rowptr, col, w, cy, rs) -> map``, the row pass of one
   graph and its coefficients prepared for a solve (the GPU backends': the CSR checked and
   scheduled once, not in every call); ``map(y, b)`` returns b + cy.y + rs.(W y) as
-  ``row_pass`` does. The solvers' maps run on it (:class:`dignn_kernels.solvers.
+  ``row_pass`` does, and ``map(y, b, out_dtype)`` from 16-bit y returns it in the compute
+  dtype (``out_dtype``, w's): what the pass gives on y widened, for the last, wide iteration
+  of a 16-bit fixed point (a backend whose kernels read y in 16 bits, Triton's, makes no
+  widened copy of y). The solvers' maps run on it (:class:`dignn_kernels.solvers.
   EquilibriumSystem`: the sweeps of anderson, of cg without a row product, of a fixed point
   without a row step, and every sweep of a partitioned solve); without it, on ``row_pass``;
 - ``row_step`` (optional): ``row_step(rowptr, col, w, b, cy, rs, c) -> step``, the row pass
@@ -104,13 +107,19 @@ class RowPass(Protocol):
 
 class RowMap(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
-                 ) -> Callable[[Tensor, Tensor], Tensor]: ...
+                 ) -> Callable[..., Tensor]: ...  # map(y, b, out_dtype=None)
 
 
 class RowStep(Protocol):
     def __call__(self, rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor,
                  rs: Tensor, c: Tensor
                  ) -> Callable[[Tensor, Tensor, Tensor, Tensor, int], None]: ...
+
+
+def widened_to(y: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    """y as a row map without 16-bit reads takes it for ``map(y, b, out_dtype)``: widened to
+    ``out_dtype`` (exact), or y itself for None or y's dtype."""
+    return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
 
 
 class RowProduct(Protocol):

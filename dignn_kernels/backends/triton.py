@@ -368,16 +368,21 @@ def _row_map(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
     coefficients checked, made contiguous and scheduled once, so a sweep (anderson's, a
     partitioned solve's) costs the checks of y and b and the row kernels' launches, where
     the ``csr_fma`` op checks the graph, looks its schedule up and goes through the
-    dispatcher on every call. Its output is the op's, bit for bit."""
+    dispatcher on every call. Its output is the op's, bit for bit; with ``out_dtype`` w's
+    dtype from 16-bit y (a 16-bit fixed point's wide last iteration) the kernel reads y in 16
+    bits and writes the compute dtype, the op's output on y widened, bit for bit."""
     n, sched, col, w, cy, rs = _prepared_coefficients(rowptr, col, w, cy, rs)
     jit = _jit()
     never_done = _flag(w.device)  # the kernels read it; nothing writes it
 
-    def row_map(y: Tensor, b: Tensor) -> Tensor:
+    def row_map(y: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
         check_features(y, "y", n, rowptr, storage_ok=True)
         check_values(y, "y", y.shape, w, rowptr, storage_ok=True)  # w's dtype, or 16 bits
         check_values(b, "b", y.shape, w, rowptr, storage_ok=True)
-        out = torch.empty_like(y, memory_format=torch.contiguous_format)
+        if out_dtype not in (None, y.dtype, w.dtype):
+            raise ValueError(f"out_dtype must be y's dtype {y.dtype} or w's {w.dtype} (the "
+                             f"compute dtype), got {out_dtype}")
+        out = torch.empty_like(y, dtype=out_dtype, memory_format=torch.contiguous_format)
         if n:
             jit.csr_fma(sched, col, w, y.contiguous(), b.contiguous(), cy, rs, out, never_done)
         return out

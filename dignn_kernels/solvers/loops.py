@@ -436,6 +436,7 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
                                   ref_norm=_norm(rhs, reduce), **cg)
     step_map = system.adjoint_step if adjoint else system.step
     step = lambda y: step_map(y, rhs)  # noqa: E731
+    wide_step = lambda y: step_map(y, rhs, rhs.dtype)  # noqa: E731
     if solver == "anderson":
         return anderson(step, rhs, max_iter=max_iter, tol=tol, window=window,
                         check_every=check_every, callback=callback, reduce=reduce)
@@ -448,17 +449,18 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
         return fixed_point(step, rhs, max_iter=max_iter, growth=growth, **fixed)
     out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,
                       growth=_stored_growth(growth, storage_dtype), **fixed)
-    return _wide_last_iteration(step, rhs, out, max_iter, reduce)
+    return _wide_last_iteration(wide_step, rhs, out, max_iter, reduce)
 
 
-def _wide_last_iteration(step: Callable[[Tensor], Tensor], rhs: Tensor, out: SolveResult,
+def _wide_last_iteration(wide_step: Callable[[Tensor], Tensor], rhs: Tensor, out: SolveResult,
                          max_iter: int, reduce: Reduce = None) -> SolveResult:
     """The last iteration of a 16-bit fixed point (``out``, at most max_iter - 1 iterations
-    of stored iterates), taken from the last stored iterate with a wide output (the row pass
-    writes y's dtype: the iterate is passed widened): the solution in rhs's dtype, one more
-    iteration in the stats and the history. A diverged solve keeps its last iterate."""
-    y = out.solution.to(rhs.dtype)
-    z = step(y)
+    of stored iterates), taken from the last stored iterate y by ``wide_step`` (the map from
+    16-bit y into rhs's dtype): the solution in rhs's dtype, one more iteration in the stats
+    and the history. A diverged solve keeps its last iterate (widened). ``z - y`` and the
+    final pick read y in 16 bits, widened exactly by type promotion."""
+    y = out.solution
+    z = wide_step(y)
     res, size = _norm(z - y, reduce), _norm(z, reduce)
     rel = res / size.clamp_min(torch.finfo(torch.float64).tiny)
     keep = out.diverged

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..backends.interface import Backend
+from ..backends.interface import Backend, widened_to
 from ..csr import diagonal_index
 from ..laplacian import guard_rows, node_mass, row_coefficients
 
@@ -24,6 +24,8 @@ class EquilibriumSystem:
 
     - ``step(z, x) = x + cy.z + ca.(W z)``: the forward fixed-point map (eq. iter);
     - ``adjoint_step(u, g) = g + cy.u + W^T (ca.u)``: the adjoint fixed-point map;
+      both in z's (u's) dtype, or from 16-bit z in ``out_dtype`` (the wide last iteration
+      of a 16-bit fixed point);
     - ``row_step_of``: either map as the backend's row step, if it has one;
     - ``spd_apply(y) = (S + L/mu) y``: the SPD matrix, S = diag(chi) with 1 on guard rows,
       identity rows on guard rows;
@@ -83,9 +85,10 @@ class EquilibriumSystem:
             self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()], self.cy, self.ones)
         return self._adjoint
 
-    def _prepared_map(self, which: str) -> Callable[[Tensor, Tensor], Tensor]:
-        """``map(y, b)``: the row pass of the forward map, the adjoint map or the SPD matrix
-        (``which``), made once per system (the backend's row map, else its row pass)."""
+    def _prepared_map(self, which: str) -> Callable[..., Tensor]:
+        """``map(y, b, out_dtype=None)``: the row pass of the forward map, the adjoint map or
+        the SPD matrix (``which``), made once per system (the backend's row map, else its row
+        pass on y widened to ``out_dtype``; see the pass interface's ``row_map``)."""
         prepared = self._prepared.get(which)
         if prepared is None:
             if which == "spd":
@@ -97,15 +100,17 @@ class EquilibriumSystem:
                 prepared = self.row_map(rowptr, col, w, cy, rs)
             else:
                 row_pass = self.row_pass
-                prepared = lambda y, b: row_pass(rowptr, col, w, y, b, cy, rs)  # noqa: E731
+                prepared = lambda y, b, out_dtype=None: row_pass(  # noqa: E731
+                    rowptr, col, w, widened_to(y, out_dtype), b, cy, rs)
             self._prepared[which] = prepared
         return prepared
 
-    def step(self, z: Tensor, x: Tensor) -> Tensor:
-        return self._prepared_map("forward")(z, x)
+    def step(self, z: Tensor, x: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+        return self._prepared_map("forward")(z, x, out_dtype)
 
-    def adjoint_step(self, u: Tensor, g: Tensor) -> Tensor:
-        return self._prepared_map("adjoint")(u, g)
+    def adjoint_step(self, u: Tensor, g: Tensor, out_dtype: Optional[torch.dtype] = None
+                     ) -> Tensor:
+        return self._prepared_map("adjoint")(u, g, out_dtype)
 
     def row_step_of(self, adjoint: bool, rhs: Tensor, c: Tensor
                     ) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor, int], None]]:
