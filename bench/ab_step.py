@@ -1,12 +1,14 @@
 """Times training steps of the layer on cornell5 in one process, for A/B comparisons of two
-checkouts of the Python package on the same compiled extension (run each with its own
-PYTHONPATH, interleaved, several times; one thread, since another job may hold a core).
+checkouts of the package (the Python code, or builds of the compiled extension: run each with
+its own PYTHONPATH, interleaved, several times; one thread, since another job may hold a
+core).
 
     PYTHONPATH=<checkout> OMP_NUM_THREADS=1 python bench/ab_step.py fused 8
 
-Prints one JSON line: the package's path, the variant (fused: backend="cpu"; composed:
-backend="torch") and the sorted step times in ms (forward + backward, 10 + 10 iterations,
-h = d = 64, tol = 0, after one warm-up step).
+Prints one JSON line: the package's path, the variant (fused: backend="cpu"; fused_bf16: the
+same with storage_dtype=torch.bfloat16; composed: backend="torch") and the sorted step times
+in ms (forward + backward, 10 + 10 iterations, h = d = 64, tol = 0, after one warm-up
+step).
 """
 import json
 import os
@@ -29,8 +31,10 @@ def main(variant: str, rounds: int) -> None:
     edge_index = torch.from_numpy(np.vstack([adj.row, adj.col]).astype(np.int64))
     torch.manual_seed(0)
     x = torch.randn(adj.shape[0], 64).requires_grad_()
-    layer = dk.FusedImplicitDiffusion(64, mu=2.2, max_iter=10, tol=0.0)
-    layer.backend = {"fused": "cpu", "composed": "torch"}[variant]
+    backend, storage = {"fused": ("cpu", None), "fused_bf16": ("cpu", torch.bfloat16),
+                        "composed": ("torch", None)}[variant]
+    layer = dk.FusedImplicitDiffusion(64, mu=2.2, max_iter=10, tol=0.0, storage_dtype=storage)
+    layer.backend = backend
 
     def step():
         layer(x, edge_index).square().sum().backward()
