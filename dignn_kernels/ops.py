@@ -35,7 +35,8 @@ from .checks import check_features, check_graph, check_graph_data, check_scalars
 from .laplacian import row_coefficients
 
 __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
-           "csr_schedule", "row_product", "neural_weight_grad", "check_graph"]
+           "csr_schedule", "row_product", "neural_weight_grad", "check_graph",
+           "anderson_record"]
 
 _ops = torch.ops.dignn
 
@@ -134,6 +135,17 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
     return run.gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
 
 
+def anderson_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
+                    d_g: Tensor, slot: int, count: int) -> Tuple[Tensor, Tensor]:
+    """Anderson's record (:meth:`dignn_kernels.solvers.anderson_update.AndersonVectors.record`)
+    in one pass on the CPU: returns f_new = gy_new - y_new and the float64 sums [1 + 2 count,
+    d] (||f_new||^2 per channel, then <d_f[j], d_f[slot]> and <d_f[j], f_new> per channel for
+    j < count, the products in the dtype of the vectors), and writes d_f[slot] = f_new - f and
+    d_g[slot] = gy_new - gy. All float32 or float64, contiguous, on the CPU (the GPU solves take
+    the Triton record); 0 <= slot < count <= m."""
+    return _ops.anderson_record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
+
+
 # ------------------------------------------------------------------ fake kernels --
 
 def _num_nodes(rowptr: Tensor):
@@ -184,6 +196,12 @@ def _(rowptr, col, w, cy, rs, schedule, y, out, done):
 @torch.library.register_fake("dignn::neural_weight_grad")
 def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
     return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
+
+
+@torch.library.register_fake("dignn::anderson_record")
+def _(gy_new, y_new, f, gy, d_f, d_g, slot, count):
+    return (torch.empty_like(gy_new),
+            gy_new.new_empty((1 + 2 * count, gy_new.shape[1]), dtype=torch.float64))
 
 
 @torch.library.register_fake("dignn::implicit_diffusion")

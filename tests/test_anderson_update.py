@@ -9,7 +9,8 @@ import torch
 from dignn_kernels import solvers
 from dignn_kernels.solvers.anderson_update import (AA_ACCEPT, AA_DIVERGED, AA_DONE,
                                                    AA_RESIDUAL, AA_SWEEPS, TRITON_MAX_M,
-                                                   AndersonVectors, TritonAndersonVectors,
+                                                   AndersonVectors, CpuAndersonVectors,
+                                                   TritonAndersonVectors,
                                                    anderson_regularization, anderson_state,
                                                    anderson_vectors_for, lapack_small_spd_solve,
                                                    torch_small_spd_solve)
@@ -182,6 +183,8 @@ def test_gamma_kernel_equals_torch(m, dtype):
     want = vectors.gamma(a, proj, dtype)
     got = anderson_gamma(a, proj, anderson_regularization(dtype), dtype)
     assert got.shape == (m, 70) and got.dtype == dtype
+    # contiguous, as the mix reads gamma[j] along every row (a strided gamma is 2x slower)
+    assert got.is_contiguous() and want.is_contiguous()
     assert torch.isfinite(got).all() and not got[:, 3].any() and not got[:, 4].any()
     tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, want, **tol)
@@ -293,6 +296,6 @@ def test_which_vectors():
     wide = anderson_vectors_for(x, TRITON_MAX_M + 1, "triton")  # the PyTorch gamma
     assert "gamma" not in vars(wide) and wide.solve is plain
     assert type(anderson_vectors_for(x, 5)) is (TritonAndersonVectors if x.is_cuda
-                                                 else AndersonVectors)
+                                                 else CpuAndersonVectors)
     with pytest.raises(ValueError, match="vector_kernels must be one of"):
         anderson_vectors_for(x, 5, "cuda")

@@ -12,7 +12,7 @@ from gpu_op_cases import (ROW_PRODUCT_CASES, check_row_product, check_row_produc
 
 OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
        "csr_schedule", "row_product", "neural_weight_grad", "implicit_diffusion",
-       "implicit_diffusion_backward"]
+       "implicit_diffusion_backward", "anderson_record"]
 FUSED_SOLVE = {"implicit_diffusion", "implicit_diffusion_backward"}  # no Python face
 
 
@@ -82,6 +82,9 @@ def test_opcheck_every_op(kind):
              8, 1e-8),
             (g.rowptr, g.col, *f32(a, w, kappa), *t, *f32(x, chi, p, q, z, v), 3.0, 1e-6, 8,
              1e-8, torch.float16)],
+        "anderson_record": [(z, v, x, torch.randn_like(x), torch.randn(3, *x.shape,
+                                                                       dtype=x.dtype),
+                             torch.randn(3, *x.shape, dtype=x.dtype), 1, 2)],
     }
     assert set(cases) == set(OPS)
     for name, samples in cases.items():

@@ -72,6 +72,7 @@ Isa isa() {
 // The template arguments: compute dtype, index type (and storage of the iterates).
 #define DIGNN_TARGS_WEIGHTS scalar_t, index_t
 #define DIGNN_TARGS_STORED scalar_t, index_t, storage_t
+#define DIGNN_TARGS_VALUE scalar_t
 #define DIGNN_TARGS_STORED_OUT scalar_t, index_t, storage_t, out_t
 
 template <typename T>
@@ -176,6 +177,19 @@ void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
   // z and v in the compute dtype, or in one 16-bit dtype (csrc/ops/storage.h)
   ops::dispatch_stored(compute, grad.given() ? compute : grad.z.scalar_type(), "grad_pass",
                        run);
+}
+
+void anderson_record(const at::Tensor& gy_new, const at::Tensor& y_new, const at::Tensor& f,
+                     const at::Tensor& gy, const at::Tensor& f_new, const at::Tensor& d_f,
+                     const at::Tensor& d_g, int64_t slot, int64_t count,
+                     const at::Tensor& sums) {
+  AT_DISPATCH_FLOATING_TYPES(gy_new.scalar_type(), "anderson_record", [&] {
+    DIGNN_CALL_ISA(anderson_record_t, DIGNN_TARGS_VALUE, gy_new.data_ptr<scalar_t>(),
+                   y_new.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                   f_new.data_ptr<scalar_t>(), d_f.data_ptr<scalar_t>(),
+                   d_g.data_ptr<scalar_t>(), gy_new.size(0), gy_new.size(1), slot, count,
+                   sums.data_ptr<double>())
+  });
 }
 
 }  // namespace cpu

@@ -46,6 +46,14 @@ StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
 void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges, const at::Tensor& t_a,
                const EdgeGradient& grad, at::Tensor& grad_p, at::Tensor& grad_q);
 
+// Anderson's record (passes_impl.h, anderson_record_t): writes f_new, the window's slot `slot`
+// of d_f and d_g, and sums ([1 + 2 count, d] float64). Arguments as check_anderson_record_args
+// (csrc/ops/checks.h) and f_new, sums allocated by the caller.
+void anderson_record(const at::Tensor& gy_new, const at::Tensor& y_new, const at::Tensor& f,
+                     const at::Tensor& gy, const at::Tensor& f_new, const at::Tensor& d_f,
+                     const at::Tensor& d_g, int64_t slot, int64_t count,
+                     const at::Tensor& sums);
+
 // The instruction set the CPU passes run with: "avx512", "avx2" or "generic".
 const char* isa_name();
 

@@ -74,6 +74,21 @@ inline RowChunks balanced_row_chunks(const int64_t* rowptr, int64_t n) {
   return chunks;
 }
 
+// The chunks of n rows of equal work (`row_work` units each, as above: one per gathered row),
+// cut at multiples of the rows per chunk; a function of n and row_work alone.
+inline RowChunks uniform_row_chunks(int64_t n, int64_t row_work) {
+  RowChunks chunks;
+  const int64_t work = n * std::max<int64_t>(row_work, 1);
+  const int64_t count = work < kSerialWork || n < 2
+                            ? 1
+                            : std::min<int64_t>({kMaxChunks, work / kChunkWork, n});
+  const int64_t rows = (n + count - 1) / count;
+  for (int64_t r = 0; r < n; r += rows) chunks.bounds.push_back(r);
+  chunks.bounds.push_back(n);
+  if (n == 0) chunks.bounds = {0, 0};
+  return chunks;
+}
+
 // body(chunk_index, row_begin, row_end)
 // One chunk: the body runs right here, no OpenMP region is entered.
 template <typename Body>

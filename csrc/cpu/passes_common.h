@@ -57,6 +57,10 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                    const T*, const int64_t*, const I*, const T*, const T*, T*, \
                                    T*);
 
+#define DIGNN_RECORD_SIGNATURE(PREFIX, T)                                                 \
+  PREFIX void anderson_record_t<T>(const T*, const T*, const T*, const T*, T*, T*, T*,   \
+                                   int64_t, int64_t, int64_t, int64_t, double*);
+
 #define DIGNN_PASS_SIGNATURES(PREFIX, T, I)                                                  \
   PREFIX StepNorms neural_edge_pass_t<T, I>(const int64_t*, const I*, const T*, const T*,   \
                                             const T*, int64_t, int64_t, T, T*, T*, const T*, \
@@ -70,6 +74,8 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
   DIGNN_ROW_PASS_SIGNATURE(PREFIX, float, I, c10::Half, float)
 
 #define DIGNN_PASS_ALL_TYPES(PREFIX)             \
+  DIGNN_RECORD_SIGNATURE(PREFIX, float)          \
+  DIGNN_RECORD_SIGNATURE(PREFIX, double)         \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int32_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, float, int64_t)  \
   DIGNN_PASS_SIGNATURES(PREFIX, double, int32_t) \
@@ -82,6 +88,9 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
   StepNorms neural_edge_pass_t(const int64_t*, const I*, const T*, const T*, const T*,       \
                                int64_t, int64_t, T, T*, T*, const T*, const T*, const T*,    \
                                int64_t, T, T*);                                             \
+  template <typename T>                                                                      \
+  void anderson_record_t(const T*, const T*, const T*, const T*, T*, T*, T*, int64_t,       \
+                         int64_t, int64_t, int64_t, double*);                               \
   template <typename T, typename I, typename S, typename O>                                  \
   StepNorms row_pass_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,     \
                        const S*, int64_t, int64_t, O*);                                     \

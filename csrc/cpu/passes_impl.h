@@ -692,3 +692,57 @@ void grad_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p, co
     }
   });
 }
+
+// ------------------------------------------------------------------ Anderson's record --
+// dignn_kernels.solvers.anderson_update.AndersonVectors.record in one pass over the rows (the
+// window d_f, d_g: m slots of n x d, slot-major): f_new = gy_new - y_new, slot `slot` set to
+// dF = f_new - f and dG = gy_new - gy, and the iteration's sums per channel c, products in T
+// summed in double as the Triton record sums them:
+//   sums[0][c] = sum_i f_new_ic^2,
+//   sums[1 + j][c] = sum_i dF_j,ic dF_slot,ic,  sums[1 + count + j][c] = sum_i dF_j,ic f_new_ic
+// for j < count (slot j = `slot` the new dF). Each chunk of rows sums its own table, the tables
+// are added in chunk order (uniform_row_chunks: a function of n alone), so the sums are the
+// same bits at any thread count.
+template <typename T>
+void anderson_record_t(const T* gy_new, const T* y_new, const T* f, const T* gy, T* f_new,
+                       T* d_f, T* d_g, int64_t n, int64_t d, int64_t slot, int64_t count,
+                       double* sums) {
+  const int64_t slot_size = n * d;
+  const int64_t width = (1 + 2 * count) * d;
+  // one work unit per 16 channels read or written in a row (the window's count slots, five
+  // more vectors), as a gathered 64-byte row is one unit of the CSR passes
+  const RowChunks chunks = uniform_row_chunks(n, (count + 5) * d / 16 + 1);
+  std::vector<double> parts(static_cast<size_t>(chunks.size() * width), 0.0);
+  T* const new_df = d_f + slot * slot_size;
+  T* const new_dg = d_g + slot * slot_size;
+  parallel_for_rows(chunks, [&](int64_t chunk, int64_t row_begin, int64_t row_end) {
+    double* const norm = parts.data() + chunk * width;
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const int64_t off = i * d;
+      T* const fn = f_new + off;
+      T* const df = new_df + off;
+      for (int64_t c = 0; c < d; ++c) {
+        const T g = gy_new[off + c];
+        const T v = g - y_new[off + c];
+        fn[c] = v;
+        df[c] = v - f[off + c];
+        new_dg[off + c] = g - gy[off + c];
+        norm[c] += static_cast<double>(v * v);
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        const T* const x = d_f + j * slot_size + off;  // (slot j == slot: df itself)
+        double* const gram_row = norm + (1 + j) * d;
+        double* const rhs = norm + (1 + count + j) * d;
+        for (int64_t c = 0; c < d; ++c) {
+          gram_row[c] += static_cast<double>(x[c] * df[c]);
+          rhs[c] += static_cast<double>(x[c] * fn[c]);
+        }
+      }
+    }
+  });
+  std::fill(sums, sums + width, 0.0);
+  for (int64_t chunk = 0; chunk < chunks.size(); ++chunk) {  // in chunk order
+    const double* part = parts.data() + chunk * width;
+    for (int64_t k = 0; k < width; ++k) sums[k] += part[k];
+  }
+}

@@ -18,6 +18,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace dignn {
@@ -325,6 +326,46 @@ inline Transposed check_implicit_diffusion_backward_args(
   check_solve_scalars(mu, eps, max_iter);
   if (p.has_value() && q.has_value()) check_projections(*p, *q, x, n, rowptr);
   return t;
+}
+
+// Anderson's record (the op anderson_record, CPU): gy_new, y_new, f, gy one n x d signal, the
+// window d_f, d_g m x n x d, all contiguous, of one dtype (float32 or float64), on the CPU;
+// slot < count <= m.
+inline void check_anderson_record_args(const at::Tensor& gy_new, const at::Tensor& y_new,
+                                       const at::Tensor& f, const at::Tensor& gy,
+                                       const at::Tensor& d_f, const at::Tensor& d_g,
+                                       int64_t slot, int64_t count) {
+  TORCH_CHECK(gy_new.dim() == 2, "gy_new must be an n x d tensor, got shape ", gy_new.sizes());
+  check_compute_dtype(gy_new, "gy_new");
+  const std::pair<const at::Tensor*, const char*> signals[] = {
+      {&gy_new, "gy_new"}, {&y_new, "y_new"}, {&f, "f"}, {&gy, "gy"}};
+  for (const auto& [t, name] : signals) {
+    TORCH_CHECK(t->sizes() == gy_new.sizes(), name, " must have gy_new's shape ",
+                gy_new.sizes(), ", got ", t->sizes());
+  }
+  const int64_t n = gy_new.size(0), d = gy_new.size(1);
+  const int64_t m = d_f.dim() == 3 ? d_f.size(0) : 0;
+  TORCH_CHECK(d_f.dim() == 3 && m >= 1 && d_f.size(1) == n && d_f.size(2) == d,
+              "d_f must be the window's m x n x d differences (m >= 1, n x d = ", gy_new.sizes(),
+              "), got shape ", d_f.sizes());
+  TORCH_CHECK(d_g.sizes() == d_f.sizes(), "d_g must have d_f's shape ", d_f.sizes(), ", got ",
+              d_g.sizes());
+  const std::pair<const at::Tensor*, const char*> all[] = {
+      {&gy_new, "gy_new"}, {&y_new, "y_new"}, {&f, "f"}, {&gy, "gy"}, {&d_f, "d_f"},
+      {&d_g, "d_g"}};
+  for (const auto& [t, name] : all) {
+    TORCH_CHECK(t->scalar_type() == gy_new.scalar_type(), name, " must have gy_new's dtype ",
+                gy_new.scalar_type(), ", got ", t->scalar_type());
+    TORCH_CHECK(t->device().is_cpu(), name, " is on ", t->device(),
+                " but anderson_record runs on the CPU (a GPU solve takes the Triton record, "
+                "dignn_kernels.solvers.anderson_update)");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous (the record writes the window "
+                "in place and reads rows by offset): pass ", name, ".contiguous()");
+  }
+  TORCH_CHECK(count >= 1 && count <= m, "count must be the filled slots, 1 <= count <= m = ", m,
+              ", got ", count);
+  TORCH_CHECK(slot >= 0 && slot < count, "slot must be one of the filled slots, 0 <= slot < "
+              "count = ", count, ", got ", slot);
 }
 
 // ------------------------------------------------------------- data (O(n + m)) --

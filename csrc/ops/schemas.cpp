@@ -51,6 +51,13 @@ TORCH_LIBRARY(dignn, m) {
   // them unless told the graph is trusted. The GPU version reads one flag back (it syncs).
   m.def("check_graph(Tensor rowptr, Tensor col, int num_nodes, Tensor? t_rowptr=None, "
         "Tensor? t_col=None, Tensor? t_perm=None) -> ()");
+  // Anderson's record (dignn_kernels/solvers/anderson_update.py, AndersonVectors.record) in
+  // one pass, CPU only (the GPU solves take its Triton kernel): f_new = gy_new - y_new, the
+  // window's slot `slot` set to d_f = f_new - f and d_g = gy_new - gy, and the float64 sums
+  // [1 + 2 count, d]: ||f_new||^2 per channel, then <d_f[j], d_f[slot]> and <d_f[j], f_new>
+  // per channel for j < count.
+  m.def("anderson_record(Tensor gy_new, Tensor y_new, Tensor f, Tensor gy, Tensor(a!) d_f, "
+        "Tensor(b!) d_g, int slot, int count) -> (Tensor f_new, Tensor sums)");
   // The implicit layer's forward solve, Z = X - (1/mu) Delta Z by fixed-point iteration.
   // Neural Laplacian when p and q are given (edge_value = a); otherwise edge_value holds
   // the fixed weights W and kappa their diagonal (row sums when omitted).
@@ -75,7 +82,8 @@ TORCH_LIBRARY(dignn, m) {
 TORCH_LIBRARY_IMPL(dignn, Autograd, m) {
   for (const char* name : {"check_graph", "neural_edge_weights_backward", "diffusion_step",
                            "csr_fma", "csr_schedule", "row_product",
-                           "neural_weight_grad", "implicit_diffusion_backward"}) {
+                           "neural_weight_grad", "implicit_diffusion_backward",
+                           "anderson_record"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

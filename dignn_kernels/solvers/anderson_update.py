@@ -27,7 +27,9 @@ use), f = step(y) - y and gy = step(y), an iteration is:
   the Gram matrix's new row and column and the next right-hand side, all on the device.
 
 - :class:`AndersonVectors`: PyTorch ops, any device. The dots loop over the slots with one
-  scratch buffer (on the CPU faster than any batched form of these per-channel products);
+  scratch buffer (on the CPU faster than any batched form of these per-channel products, but
+  still two passes per slot and vector: the record reads or writes an n x d vector about 50
+  times for a window of 5);
   the small solves are LAPACK's on the CPU (:func:`lapack_small_spd_solve`: 26 against 330 us
   for 64 systems of 5 x 5 on this 2-core CPU) and elementwise ops on a GPU
   (:func:`torch_small_spd_solve`: no host check, about a hundred small ops for m = 5).
@@ -40,6 +42,9 @@ use), f = step(y) - y and gy = step(y), an iteration is:
   each of f_new and the slots again) and the finish in one small kernel, where the PyTorch
   ops take about thirty. On the CPU its kernels run only in the Triton interpreter (the
   tests).
+- :class:`CpuAndersonVectors`: on the CPU, the PyTorch ops with the record as the compiled
+  op ``dignn::anderson_record`` (:func:`dignn_kernels.ops.anderson_record`): one pass over
+  the rows, its sums in float64 as the Triton record's.
 
 :func:`anderson_vectors_for` picks one as :func:`.cg_update.cg_update_for` picks cg's update.
 """
@@ -52,7 +57,8 @@ from .cg_update import (CG_DIVERGED, CG_DONE, CG_REF_SAFE, CG_RESIDUAL, CG_SWEEP
                         resolve_vector_kernels)
 from .device_state import state_of
 
-__all__ = ["AndersonVectors", "TritonAndersonVectors", "anderson_vectors_for",
+__all__ = ["AndersonVectors", "TritonAndersonVectors", "CpuAndersonVectors",
+           "anderson_vectors_for",
            "torch_small_spd_solve", "lapack_small_spd_solve", "anderson_state",
            "anderson_regularization", "TRITON_MAX_M", "AA_DONE", "AA_DIVERGED", "AA_SWEEPS",
            "AA_RESIDUAL", "AA_TARGET", "AA_REF_SAFE", "AA_ACCEPT", "ANDERSON_STATE"]
@@ -129,13 +135,16 @@ class AndersonVectors:
         self._reg = anderson_regularization(rhs.dtype)
 
     def gamma(self, gram: Tensor, proj: Tensor, dtype: torch.dtype) -> Tensor:
-        """[m, d] in ``dtype``: gamma of every channel from its Gram matrix (``gram``: d x m x
-        m, float64) and right-hand side (``proj``: m x d, float64), regularized, anything not
-        finite zeroed."""
+        """[m, d] in ``dtype``, contiguous: gamma of every channel from its Gram matrix
+        (``gram``: d x m x m, float64) and right-hand side (``proj``: m x d, float64),
+        regularized, anything not finite zeroed. (The mix multiplies every row of a slot by
+        gamma[j]: with the transposed solution's stride of m between channels, the CPU's
+        broadcast addcmul took 16 ms for 5 slots of cornell5's 18,660 x 64 against 7 ms.)"""
         tiny = torch.finfo(torch.float64).tiny
         lam = self._reg * gram.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
         gamma = self.solve(gram + lam[:, None, None] * self._eye, proj.t())
-        return torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(dtype)
+        return torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0).t().to(
+            dtype, memory_format=torch.contiguous_format)
 
     def record(self, gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
                d_g: Tensor, slot: int, count: int):
@@ -224,10 +233,26 @@ class TritonAndersonVectors(AndersonVectors):
         return window_mix(gy, d_g, gamma, filled)
 
 
+class CpuAndersonVectors(AndersonVectors):
+    """The PyTorch ops with the record in one compiled pass (CPU, float32 or float64)."""
+
+    name = "cpu"
+
+    @staticmethod
+    def record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor, d_g: Tensor,
+               slot: int, count: int):
+        from ..ops import anderson_record
+        return anderson_record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
+
+
 def anderson_vectors_for(rhs: Tensor, window: int, vector_kernels: Optional[str] = None
                          ) -> AndersonVectors:
     """The vector work for one solve of ``rhs`` with ``window`` slots: ``vector_kernels`` as
-    for cg (:func:`.cg_update.resolve_vector_kernels`)."""
+    for cg (:func:`.cg_update.resolve_vector_kernels`); None on the CPU: the PyTorch ops with
+    the compiled record (:class:`CpuAndersonVectors`), "torch" the PyTorch ops alone."""
     if resolve_vector_kernels(rhs, vector_kernels) == "triton":
         return TritonAndersonVectors(rhs, window)
+    if vector_kernels is None and rhs.device.type == "cpu" and \
+            rhs.dtype in (torch.float32, torch.float64):
+        return CpuAndersonVectors(rhs, window)
     return AndersonVectors(rhs, window)
