@@ -6,9 +6,10 @@ core).
     PYTHONPATH=<checkout> OMP_NUM_THREADS=1 python bench/ab_step.py fused 8
 
 Prints one JSON line: the package's path, the variant (fused: backend="cpu"; fused_bf16: the
-same with storage_dtype=torch.bfloat16; composed: backend="torch") and the sorted step times
-in ms (forward + backward, 10 + 10 iterations, h = d = 64, tol = 0, after one warm-up
-step).
+same with storage_dtype=torch.bfloat16; composed: backend="torch"; each 10 + 10 iterations,
+tol = 0; anderson: backend="cpu", solver="anderson", the rw Laplacian, to tol = 1e-6), the
+sweeps of the last step and the sorted step times in ms (forward + backward, h = d = 64,
+after one warm-up step).
 """
 import json
 import os
@@ -31,9 +32,15 @@ def main(variant: str, rounds: int) -> None:
     edge_index = torch.from_numpy(np.vstack([adj.row, adj.col]).astype(np.int64))
     torch.manual_seed(0)
     x = torch.randn(adj.shape[0], 64).requires_grad_()
-    backend, storage = {"fused": ("cpu", None), "fused_bf16": ("cpu", torch.bfloat16),
-                        "composed": ("torch", None)}[variant]
-    layer = dk.FusedImplicitDiffusion(64, mu=2.2, max_iter=10, tol=0.0, storage_dtype=storage)
+    if variant == "anderson":
+        layer = dk.FusedImplicitDiffusion(64, mu=2.2, laplacian="rw", solver="anderson",
+                                          max_iter=200, tol=1e-6)
+        backend = "cpu"
+    else:
+        backend, storage = {"fused": ("cpu", None), "fused_bf16": ("cpu", torch.bfloat16),
+                            "composed": ("torch", None)}[variant]
+        layer = dk.FusedImplicitDiffusion(64, mu=2.2, max_iter=10, tol=0.0,
+                                          storage_dtype=storage)
     layer.backend = backend
 
     def step():
@@ -46,7 +53,9 @@ def main(variant: str, rounds: int) -> None:
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
-    print(json.dumps({"package": dk.__file__, "variant": variant, "ms": sorted(times)}))
+    print(json.dumps({"package": dk.__file__, "variant": variant,
+                      "sweeps": [layer.iterations, layer.backward_iterations],
+                      "ms": sorted(times)}))
 
 
 if __name__ == "__main__":
