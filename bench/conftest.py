@@ -74,10 +74,32 @@ class PeakMemory:
         raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def state_goals(lines, checks, env_var):
+# A benchmark module's summary, registered with :func:`summary` under the environment variable
+# that names its file, until it has been stated: a run interrupted before its summary test
+# (SIGINT: bench/gpu_session.sh stops a phase that way when its time is up) still states what
+# it measured, in pytest_sessionfinish below.
+PENDING_SUMMARIES = {}
+
+
+def summary(env_var):
+    """Decorator: ``build()`` returns a benchmark's summary so far as (lines, checks), or None
+    when nothing was measured; stated by the module's summary test or, if the run is
+    interrupted first, by this conftest."""
+    def register(build):
+        PENDING_SUMMARIES[env_var] = build
+        return build
+    return register
+
+
+def state_goals(lines, checks, env_var, interrupted=False):
     """A benchmark's summary: ``lines``, a blank line and the text of each check (ok, text),
     printed and written to the file that environment variable ``env_var`` names (if set);
-    then fails if a check is missed."""
+    then fails if a check is missed. ``interrupted``: the run stopped before its end, so the
+    summary is marked partial and nothing fails."""
+    PENDING_SUMMARIES.pop(env_var, None)
+    if interrupted:
+        lines = ["INTERRUPTED: the run was stopped before its end (out of time?); only what "
+                 "was measured until then", ""] + list(lines)
     summary = "\n".join(list(lines) + [""] + [text for _, text in checks])
     print("\n" + summary)
     path = os.environ.get(env_var)
@@ -85,4 +107,16 @@ def state_goals(lines, checks, env_var):
         with open(path, "w") as f:
             f.write(summary + "\n")
     missed = [text for ok, text in checks if not ok]
-    assert not missed, "goals missed:\n" + "\n".join(missed)
+    assert interrupted or not missed, "goals missed:\n" + "\n".join(missed)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus != pytest.ExitCode.INTERRUPTED:
+        return  # a whole run states its goals in its summary test
+    for env_var, build in list(PENDING_SUMMARIES.items()):
+        try:
+            stated = build()
+        except Exception as err:  # noqa: BLE001 - a partial summary must not hide the rest
+            stated = [f"the summary failed on partial results: {err!r}"], []
+        if stated is not None:
+            state_goals(*stated, env_var, interrupted=True)

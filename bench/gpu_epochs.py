@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,11 +69,12 @@ def main(argv=None) -> int:
                 if "error" in str(skipped[f"{name}/{backend}"]) and backend == "auto":
                     break  # the dataset itself is missing: no other backend will load it
                 continue
-            record_path = out / f".epochs_{re.sub('[^a-z0-9]+', '_', name)}_{backend}.json"
-            rc, stdout, err = _run(common + ["--epochs", str(args.epochs), "--json",
-                                             str(record_path)])
-            record = json.loads(record_path.read_text())
-            record_path.unlink()
+            # the run's record, outside OUT: a device call sends back at most 8 files
+            with tempfile.TemporaryDirectory() as scratch:
+                record_path = Path(scratch, "record.json")
+                rc, stdout, err = _run(common + ["--epochs", str(args.epochs), "--json",
+                                                 str(record_path)])
+                record = json.loads(record_path.read_text())
             row = {"dataset": name, "backend_asked": backend, "compiled": compiled,
                    "backend": record["backend"], "ms_per_epoch": record["ms_per_epoch"],
                    "epochs": args.epochs, "test_acc_split0": record["test_acc"][0],

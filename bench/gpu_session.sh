@@ -1,50 +1,90 @@
 #!/usr/bin/env bash
-# Build, test and benchmark on a GPU machine in one call of at most 10 minutes, from the
-# repository root:
+# Build, test and benchmark on a GPU machine in ONE device call, inside a time budget, from the
+# repository root. A session is lent at most 15 minutes of device time in all (the machine's
+# start, a minute or more, included) and one command runs at most 10 minutes, so everything
+# the GPU has to tell us is planned as one call of `timeout_s=600`:
 #
-#   1. record the device, driver, Python, torch, Triton and nvcc versions;
-#   2. build and install the package: `pip install --no-build-isolation --no-deps .`;
-#   3. run the GPU tests: `pytest -m cuda tests` (marker `cuda`);
-#   4. run the GPU benchmark: bench/test_gpu_speed.py (pytest-benchmark JSON + summary);
-#   5. time `dignn train` per epoch on the real datasets and the Penn94-shaped graph, per
-#      backend (bench/gpu_epochs.py);
-#   6. (mode `locality` only, a second call: it needs a few minutes of its own) locality
-#      reordering on the products-sized block model with shuffled ids and on cornell5
-#      (bench/test_locality.py -m cuda), after the sm_90 compile of every Triton kernel
-#      variant with this machine's Triton: no register spills, each variant's registers
-#      printed (tests/test_triton.py::test_kernels_compile_for_the_gpu).
+#   bash bench/stage_gpu_data.sh                               (here, before the call)
+#   run(command="bash bench/gpu_session.sh", carry=[".bench_data"], timeout_s=600)
 #
-# Everything lands in $OUT (the files that come back), named as they go under bench/results/:
-#   gpu_<device>_run.json      device, versions, build time, test pass/fail/skip counts
-#                              (gpu_<device>_<mode>_run.json for a mode other than all)
-#   gpu_<device>.json          the pytest-benchmark JSON
-#   gpu_<device>_summary.txt   the benchmark's table and every goal met or missed
+# Phases, in this order (a comma list as the first argument picks some, in the order given;
+# "all", the default, is every one):
+#   build     `pip install --no-build-isolation --no-deps .` (about 40 s; skipped when a build
+#             with CUDA kernels is installed and the phases do not include "all")
+#   tests     `pytest -m cuda tests`: the GPU tests (356 since 2026-11-25; the first GPU run took
+#             77 s for 149), correctness before any timing
+#   bench     bench/test_gpu_speed.py: the layer step on cornell5 and the Penn94-shaped graphs
+#             against the plain composition and the paper's algorithm, the cached sweep against
+#             its gather floor, the cg sweep, 16-bit storage on the products-sized graph, the
+#             captured step, per-kernel times cuda against triton; its summary states each goal
+#   locality  bench/test_locality.py -m cuda: `reorder=` on the products-sized block model with
+#             shuffled ids and on cornell5 (goal: the products-sized step <= 150 ms)
+#   epochs    bench/gpu_epochs.py: ms per `dignn train` epoch per dataset and backend
+#   kernels   the sm_90 compile of every Triton kernel variant with this machine's Triton: no
+#             register spills (tests/test_triton.py::test_kernels_compile_for_the_gpu, which the
+#             CPU CI also runs with its own Triton)
+#
+# Budget: SESSION_BUDGET seconds (default 560) from this script's start. Each phase gets the
+# smaller of its own cap and what is left of the budget (less RESERVE, default 20 s, for the
+# records), and is skipped, and recorded as skipped, when less than its floor is left. A phase
+# that runs out of time gets SIGINT, so pytest still writes its benchmark JSON and the bench
+# conftest writes the summary of what was measured (marked INTERRUPTED); SIGKILL 20 s later.
+# The run record is rewritten after every phase, so whatever happens to the call, $OUT holds
+# the state of every phase that ended. Caps and floors (seconds), each cap overridable:
+#   build 200/60 (BUILD_TIMEOUT), tests 220/60 (TESTS_TIMEOUT, and one test at most
+#   TEST_TIMEOUT=120 where pytest-timeout is installed, as it is on the GPU image), bench
+#   200/60 (BENCH_TIMEOUT), locality 240/90 (LOCALITY_TIMEOUT), epochs 100/40
+#   (EPOCHS_TIMEOUT), kernels 90/40 (KERNELS_TIMEOUT).
+# Estimates for an H100 (none of them measured yet as phases of this script): build 40 s,
+# tests 100-200 s, bench 100-170 s, locality 100-170 s (the block model of 124M CSR entries is
+# drawn on the CPU: 37 s on one core of a 2-core CPU machine; its RCM order, scipy on the CPU,
+# 17 s there, computed twice, for "rcm" and for "auto"), epochs about 100 s. So one call
+# usually ends within the budget after locality; what did not fit is listed in the run record
+# as "skipped: out of time", and a second call right after the first, while the machine is
+# still warm (it is given back 30 s after a call), runs the rest without a build:
+#   run(command="bash bench/gpu_session.sh epochs,kernels", carry=[".bench_data"],
+#       timeout_s=300)
+#
+# Everything lands in $OUT (the files that come back: at most 8), named as they go under
+# bench/results/:
+#   gpu_<device>_run.json      device, versions, budget, every phase's rc, seconds and status,
+#                              test pass/fail/skip counts (gpu_<device>_<phases>_run.json for
+#                              phases other than all)
+#   gpu_<device>.json          the pytest-benchmark JSON of bench
+#   gpu_<device>_summary.txt   bench's table and every goal met or missed
 #   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
-#   gpu_<device>_locality.json the locality benchmark's pytest-benchmark JSON (mode locality)
+#   gpu_<device>_locality.json the locality benchmark's pytest-benchmark JSON
 #   gpu_<device>_locality_summary.txt  its goal (products-sized step <= 150 ms), met or missed
-#   session.log (everything printed: tests, benchmarks, epochs), build.log
+#   session.log                everything printed: versions, tests, benchmarks, epochs
+#   build.log                  only when the build failed
 # and copies of the results under bench/results/ of the tree it ran in.
 #
-# Usage:  bash bench/gpu_session.sh [all|tests|bench|epochs|locality]  (default all; the others skip
-#         the build when dignn_kernels with CUDA kernels is already installed)
-# Data:   the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA,
-#         else ./shared/data, else ./.bench_data: `bash bench/stage_gpu_data.sh` fills that
-#         folder from ../shared/data and lists it in .git/info/exclude; a device call takes it
-#         along when its carry names ".bench_data". Graphs whose files are missing are skipped
-#         and the summaries say so.
-# Limits: BUILD_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, EPOCHS_TIMEOUT, KERNELS_TIMEOUT,
-#         LOCALITY_TIMEOUT (seconds; default 200, 240, 170, 100, 90, 420: 296 GPU tests since
-#         2026-11-24, where the first GPU run took 77 s for 149; the build takes about 40 s of
-#         its 200; the compile check 31 s on a 2-core CPU).
+# Data: the real graphs (cornell5, Cora, chameleon, amherst41) are read from $DIGNN_DATA, else
+# ./shared/data, else ./.bench_data: `bash bench/stage_gpu_data.sh` fills that folder from
+# ../shared/data and lists it in .git/info/exclude; a device call takes it along when its carry
+# names ".bench_data". Graphs whose files are missing are skipped and the summaries say so.
 set -x -o pipefail
 
-MODE="${1:-all}"
+ALL_PHASES="tests,bench,locality,epochs,kernels"
+ASKED="${1:-all}"
+PHASES="$ASKED"
+[ "$ASKED" = "all" ] && PHASES="$ALL_PHASES"
+for phase in ${PHASES//,/ }; do
+  case ",$ALL_PHASES," in
+    *",$phase,"*) ;;
+    *) echo "unknown phase '$phase': give 'all' or a comma list of $ALL_PHASES" >&2; exit 2 ;;
+  esac
+done
+
+BUDGET="${SESSION_BUDGET:-560}"
+RESERVE="${RESERVE:-20}"
 OUT="${OUT:-$(mktemp -d)}"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 # Import the installed package, not the source tree in the working directory.
 export PYTHONSAFEPATH=1
 mkdir -p "$OUT"
+SCRATCH="$(mktemp -d)"  # records that are folded into the run JSON; not sent back
 exec > >(tee -a "$OUT/session.log") 2>&1
 
 cd "$(dirname "$0")/.." || exit 1
@@ -62,10 +102,12 @@ export DIGNN_DATA="${DIGNN_DATA:-$PWD/.bench_data}"
 device_name="$($PY -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' 2>/dev/null)"
 slug="$(echo "${device_name:-none}" | tr 'A-Z' 'a-z' | sed -E 's/nvidia //; s/[^a-z0-9]+/_/g; s/^_+|_+$//g')"
 slug="${slug:-none}"
+run_name="gpu_${slug}_run.json"
+[ "$ASKED" = "all" ] || run_name="gpu_${slug}_${PHASES//,/-}_run.json"
 
 nvidia-smi || true
 nvcc --version || true
-$PY - <<'EOF' | tee "$OUT/versions.txt"
+$PY - <<'EOF' | tee "$SCRATCH/versions.txt"
 import platform, torch
 print("python", platform.python_version())
 print("torch", torch.__version__, "cuda", torch.version.cuda)
@@ -81,79 +123,30 @@ except Exception as err:  # noqa: BLE001
     print("triton unavailable:", err)
 EOF
 
-have_build() {
-  $PY -c 'import dignn_kernels, sys; sys.exit(0 if dignn_kernels._build_info.WITH_CUDA else 1)' \
-    2>/dev/null
-}
+: > "$SCRATCH/phases.tsv"  # name, rc (or null), seconds, timeout given, status
 
-build_seconds=null
-build_rc=0
-if [ "$MODE" = "all" ] || ! have_build; then
-  start=$(date +%s)
-  timeout "${BUILD_TIMEOUT:-200}" $PY -m pip install --no-build-isolation --no-deps -v . \
-    > "$OUT/build.log" 2>&1
-  build_rc=$?
-  build_seconds=$(( $(date +%s) - start ))
-  tail -n 30 "$OUT/build.log"
-  if [ "$build_rc" -ne 0 ]; then
-    echo "BUILD FAILED (rc=$build_rc); see build.log"
-  fi
-fi
-$PY -c 'import dignn_kernels as dk; print("installed:", dk.__file__, dk._build_info.CUDA_ARCHS, dk.available_backends(__import__("torch").device("cuda")))'
-
-tests_rc=null
-if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "tests" ]; }; then
-  timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider \
-    --durations=25 \
-    --junitxml="$OUT/tests.xml" 2>&1
-  tests_rc=$?
-fi
-
-bench_rc=null
-if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "bench" ]; }; then
-  DIGNN_BENCH_SUMMARY="$OUT/gpu_${slug}_summary.txt" timeout "${BENCH_TIMEOUT:-170}" \
-    $PY -m pytest bench/test_gpu_speed.py -q -s -rs -p no:cacheprovider \
-    --benchmark-json "$OUT/gpu_${slug}.json" 2>&1
-  bench_rc=$?
-fi
-
-epochs_rc=null
-if [ "$build_rc" -eq 0 ] && { [ "$MODE" = "all" ] || [ "$MODE" = "epochs" ]; }; then
-  timeout "${EPOCHS_TIMEOUT:-100}" $PY bench/gpu_epochs.py --out "$OUT" --device cuda 2>&1
-  epochs_rc=$?
-fi
-
-kernels_rc=null
-locality_rc=null
-if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
-  timeout "${KERNELS_TIMEOUT:-90}" $PY -m pytest tests/test_triton.py -q -s -p no:cacheprovider \
-    -k test_kernels_compile_for_the_gpu 2>&1
-  kernels_rc=$?
-fi
-if [ "$build_rc" -eq 0 ] && [ "$MODE" = "locality" ]; then
-  DIGNN_LOCALITY_SUMMARY="$OUT/gpu_${slug}_locality_summary.txt" \
-    timeout "${LOCALITY_TIMEOUT:-420}" $PY -m pytest bench/test_locality.py -m cuda -q -s -rs \
-    -p no:cacheprovider --benchmark-json "$OUT/gpu_${slug}_locality.json" 2>&1
-  locality_rc=$?
-fi
-
-run_name="gpu_${slug}_run.json"
-[ "$MODE" = "all" ] || run_name="gpu_${slug}_${MODE}_run.json"
-$PY - "$OUT" "$run_name" "$build_rc" "$build_seconds" "$tests_rc" "$bench_rc" "$epochs_rc" \
-    "$kernels_rc" "$locality_rc" <<'EOF'
+write_run() {  # the run record, from what $SCRATCH holds now
+  $PY - "$OUT" "$run_name" "$SCRATCH" "$BUDGET" "$SECONDS" "$ASKED" "$PHASES" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-(out, run_name, build_rc, build_s, tests_rc, bench_rc, epochs_rc, kernels_rc,
- locality_rc) = sys.argv[1:]
-import torch
-run = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-       "torch": torch.__version__, "cuda": torch.version.cuda,
-       "build_rc": int(build_rc), "build_seconds": json.loads(build_s),
-       "tests_rc": json.loads(tests_rc), "bench_rc": json.loads(bench_rc),
-       "epochs_rc": json.loads(epochs_rc), "kernels_rc": json.loads(kernels_rc),
-       "locality_rc": json.loads(locality_rc),
-       "versions": Path(out, "versions.txt").read_text().splitlines()}
-xml = Path(out, "tests.xml")
+out, run_name, scratch, budget, elapsed, asked, phases = sys.argv[1:]
+versions = Path(scratch, "versions.txt").read_text().splitlines()
+said = {line.split(" ", 1)[0]: line.split(" ") for line in versions}  # (no torch import here)
+run = {"device": " ".join(said["device"][1:]) if "device" in said else None,
+       "torch": said["torch"][1] if "torch" in said else None,
+       "cuda": said["torch"][3] if len(said.get("torch", [])) > 3 else None,
+       "asked": asked, "phases_asked": phases.split(","),
+       "budget_s": int(budget), "elapsed_s": int(elapsed), "versions": versions, "phases": []}
+if run["device"] == "None":
+    run["device"] = None
+for line in Path(scratch, "phases.tsv").read_text().splitlines():
+    name, rc, seconds, given, status = line.split("\t")
+    run["phases"].append({"name": name, "rc": json.loads(rc), "seconds": int(seconds),
+                          "timeout_s": int(given), "status": status})
+    run[f"{name}_rc"] = json.loads(rc)  # the earlier records' fields
+build = [p for p in run["phases"] if p["name"] == "build"]
+run["build_seconds"] = build[0]["seconds"] if build and build[0]["rc"] is not None else None
+xml = Path(scratch, "tests.xml")
 if xml.exists():
     suites = ET.parse(xml).getroot()
     suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
@@ -165,8 +158,99 @@ if xml.exists():
                                  for c in suite.iter("testcase")
                                  if c.find("failure") is not None or c.find("error") is not None]}
 Path(out, run_name).write_text(json.dumps(run, indent=2) + "\n")
-print(json.dumps(run, indent=2))
+print(json.dumps({k: v for k, v in run.items() if k != "versions"}, indent=2))
 EOF
+}
+
+record() {  # record NAME RC SECONDS GIVEN STATUS
+  printf '%s\t%s\t%s\t%s\t%s\n' "$@" >> "$SCRATCH/phases.tsv"
+  write_run
+}
+
+# run_phase NAME CAP FLOOR COMMAND...: COMMAND under `timeout -s INT` for the smaller of CAP and
+# the budget left, or a record that it was skipped; returns COMMAND's rc (1 when skipped).
+run_phase() {
+  local name="$1" cap="$2" floor="$3"
+  shift 3
+  local left=$(( BUDGET - SECONDS - RESERVE ))
+  if [ "$left" -lt "$floor" ]; then
+    echo "=== $name: skipped, ${left} s of the budget left (it needs ${floor} s)"
+    record "$name" null 0 0 "skipped: out of time (${left} s left, needs ${floor} s)"
+    return 1
+  fi
+  local given=$(( cap < left ? cap : left ))
+  echo "=== $name: up to ${given} s ($(( BUDGET - SECONDS )) s of the budget left)"
+  local start=$SECONDS rc
+  if [ -n "${PHASE_LOG:-}" ]; then
+    timeout -s INT -k 20 "$given" "$@" > "$PHASE_LOG" 2>&1
+  else
+    timeout -s INT -k 20 "$given" "$@"
+  fi
+  rc=$?
+  local status="ran"
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="stopped at its ${given} s limit"
+  record "$name" "$rc" $(( SECONDS - start )) "$given" "$status"
+  return "$rc"
+}
+
+phase_asked() { case ",$PHASES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+have_build() {
+  $PY -c 'import dignn_kernels, sys; sys.exit(0 if dignn_kernels._build_info.WITH_CUDA else 1)' \
+    2>/dev/null
+}
+
+build_ok=1
+if [ "$ASKED" = "all" ] || ! have_build; then
+  PHASE_LOG="$SCRATCH/build.log" run_phase build "${BUILD_TIMEOUT:-200}" 60 \
+    $PY -m pip install --no-build-isolation --no-deps -v .
+  build_rc=$?
+  if [ "$build_rc" -ne 0 ]; then
+    build_ok=0
+    echo "NO BUILD (rc=$build_rc)"
+  fi
+  if [ -s "$SCRATCH/build.log" ]; then
+    tail -n 30 "$SCRATCH/build.log"
+    [ "$build_ok" -eq 1 ] || cp "$SCRATCH/build.log" "$OUT/build.log"
+  fi
+fi
+$PY -c 'import dignn_kernels as dk; print("installed:", dk.__file__, dk._build_info.CUDA_ARCHS, dk.available_backends(__import__("torch").device("cuda")))'
+
+timeout_option=()
+if $PY -c 'import pytest_timeout' 2>/dev/null; then
+  timeout_option=("--timeout=${TEST_TIMEOUT:-120}")
+fi
+
+for phase in ${PHASES//,/ }; do
+  if [ "$build_ok" -eq 0 ]; then
+    record "$phase" null 0 0 "skipped: no build"
+    continue
+  fi
+  case "$phase" in
+    tests)
+      run_phase tests "${TESTS_TIMEOUT:-220}" 60 \
+        $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider --durations=25 \
+        "${timeout_option[@]}" --junitxml="$SCRATCH/tests.xml" ;;
+    bench)
+      DIGNN_BENCH_SUMMARY="$OUT/gpu_${slug}_summary.txt" \
+        run_phase bench "${BENCH_TIMEOUT:-200}" 60 \
+        $PY -m pytest bench/test_gpu_speed.py -q -s -rs -p no:cacheprovider \
+        --benchmark-json "$OUT/gpu_${slug}.json" ;;
+    locality)
+      DIGNN_LOCALITY_SUMMARY="$OUT/gpu_${slug}_locality_summary.txt" \
+        run_phase locality "${LOCALITY_TIMEOUT:-240}" 90 \
+        $PY -m pytest bench/test_locality.py -m cuda -q -s -rs -p no:cacheprovider \
+        --benchmark-json "$OUT/gpu_${slug}_locality.json" ;;
+    epochs)
+      run_phase epochs "${EPOCHS_TIMEOUT:-100}" 40 \
+        $PY bench/gpu_epochs.py --out "$OUT" --device cuda ;;
+    kernels)
+      run_phase kernels "${KERNELS_TIMEOUT:-90}" 40 \
+        $PY -m pytest tests/test_triton.py -q -s -p no:cacheprovider \
+        -k test_kernels_compile_for_the_gpu ;;
+  esac
+done
+write_run
 
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
@@ -176,8 +260,8 @@ if [ "$slug" != "none" ]; then
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
 fi
-rm -f "$OUT/tests.xml" "$OUT/versions.txt"  # folded into the run JSON
-# At most 8 files come back from a device call: session.log (everything printed, the tests',
-# the benchmarks' and the epochs' output included), build.log and the results: 6 in mode all.
+rm -rf "$SCRATCH"
+# At most 8 files come back from a device call: session.log, the run record, bench's JSON and
+# summary, the epochs' JSON, the locality JSON and summary (7), and build.log if it failed.
 ls -la "$OUT"
-[ "$build_rc" -eq 0 ]
+[ "$build_ok" -eq 1 ]

@@ -64,7 +64,7 @@ import torch
 
 import dignn_kernels as dk
 from dignn_kernels import reference, synthetic
-from conftest import load_facebook100, solvers_loop, state_goals, without
+from conftest import load_facebook100, solvers_loop, state_goals, summary, without
 from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -648,6 +648,15 @@ def test_summary():
     """Every goal, met or missed and by how much; fails if one is missed."""
     if ("penn94_like", "cuda") not in RESULTS:
         pytest.skip("run the whole file to compare the variants")
+    state_goals(*_summary(), "DIGNN_BENCH_SUMMARY")
+
+
+@summary("DIGNN_BENCH_SUMMARY")
+def _summary():
+    """(lines, checks) of every measurement so far (None before the first)."""
+    if not any((RESULTS, CACHED, SWEEPS, CG_SWEEPS, STORAGE, CAPTURED, FUSED16, ROW_STEP,
+                KERNEL_TIMES)):
+        return None
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"CUDA {torch.version.cuda}", ""]
     lines.append(f"{'graph':<13}{'variant':<10}{'ms/step':>10}{'Gsweeps/s':>11}{'GB/s':>9}"
@@ -733,4 +742,4 @@ def test_summary():
         checks.append(_ratio_line(f"products-sized step, {b}, bfloat16 storage speed-up over "
                                   "float32", wide["ms_per_step"] / narrow["ms_per_step"],
                                   STORAGE_GOAL))
-    state_goals(lines, checks, "DIGNN_BENCH_SUMMARY")
+    return lines, checks

@@ -27,7 +27,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels.reorder import REORDERINGS, locality_cost
 from dignn_kernels.synthetic import block_model_graph
-from conftest import load_facebook100, state_goals
+from conftest import load_facebook100, state_goals, summary
 
 CHANNELS = 64
 ITERS = 10
@@ -117,9 +117,18 @@ def test_gpu_summary():
     ids in at most PRODUCTS_GOAL_MS per step under its best order; every order's step against
     the given ids'. Printed and written to $DIGNN_LOCALITY_SUMMARY (if set); fails if the goal
     is missed."""
+    stated = _gpu_summary()
+    if stated is None:
+        pytest.skip("run the GPU steps of this file first")
+    state_goals(*stated, "DIGNN_LOCALITY_SUMMARY")
+
+
+@summary("DIGNN_LOCALITY_SUMMARY")
+def _gpu_summary():
+    """(lines, checks) of the GPU steps so far (None before the first)."""
     gpu = {key: info for key, info in STEPS.items() if key[3] == "cuda"}
     if not gpu:
-        pytest.skip("run the GPU steps of this file first")
+        return None
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", ""]
     checks = []
     for name, backend in sorted({(key[0], key[2]) for key in gpu}):
@@ -137,4 +146,4 @@ def test_gpu_summary():
             ok = ms <= PRODUCTS_GOAL_MS
             checks.append((ok, f"products-sized step, {backend}, best order ({best}): {ms:.1f} "
                                f"ms (goal <= {PRODUCTS_GOAL_MS} ms) {'met' if ok else 'MISSED'}"))
-    state_goals(lines, checks, "DIGNN_LOCALITY_SUMMARY")
+    return lines, checks

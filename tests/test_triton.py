@@ -1050,8 +1050,8 @@ def test_kernels_compile_for_the_gpu(tmp_path):
     local memory (a stack frame in the cubin's resource usage: the cg step's 64-row tile
     of ten float64 vectors spilled 1 KB per thread, the Anderson record's 224 bytes, four
     16 x 16 Cholesky factorizations 500 bytes). On a GPU machine it checks the spills with
-    that machine's Triton (`bash bench/gpu_session.sh locality` runs it with ``-s``, which
-    prints every variant's registers)."""
+    that machine's Triton (the kernels phase of `bash bench/gpu_session.sh` runs it with
+    ``-s``, which prints every variant's registers)."""
     pytest.importorskip("triton.backends.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")

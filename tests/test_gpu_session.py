@@ -1,0 +1,140 @@
+"""bench/gpu_session.sh and the benchmarks' summaries under a time budget, on the CPU.
+
+A GPU is lent to few sessions, for 15 minutes of device time and 10 minutes a command, so the
+GPU session is one call that must bring back what it measured however it ends: phases in a
+fixed order inside a budget, skipped and recorded when the budget is spent, stopped with
+SIGINT at their limit, and a benchmark stopped that way still writes its JSON and the summary
+of what it measured (bench/conftest.py). These tests run that machinery here; the phases'
+GPU work itself is measured only on a GPU.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SESSION = REPO / "bench" / "gpu_session.sh"
+
+
+def _session(tmp_path, *args, **env):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(SESSION), *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
+    return proc, out
+
+
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
+def test_session_records_every_phase_skipped_when_the_budget_is_spent(tmp_path):
+    proc, out = _session(tmp_path, "bench,tests,kernels", SESSION_BUDGET="25", RESERVE="20")
+    runs = list(out.glob("gpu_*_bench-tests-kernels_run.json"))
+    assert len(runs) == 1, (proc.stdout[-3000:], sorted(p.name for p in out.iterdir()))
+    run = json.loads(runs[0].read_text())
+    assert run["budget_s"] == 25 and run["phases_asked"] == ["bench", "tests", "kernels"]
+    names = [p["name"] for p in run["phases"]]
+    # a machine without a CUDA build tries to build first (and has no time for it either)
+    assert names in (["bench", "tests", "kernels"], ["build", "bench", "tests", "kernels"])
+    for phase in run["phases"]:
+        assert phase["rc"] is None and phase["status"].startswith("skipped"), phase
+        assert run[f"{phase['name']}_rc"] is None
+    assert any(p["status"].startswith("skipped: out of time") for p in run["phases"])
+    assert "tests" not in run  # no test ran, so no counts
+    assert run["versions"] and run["versions"][0].startswith("python ")
+    # what comes back from a device call: at most 8 files, no scratch left in OUT
+    assert len(list(out.iterdir())) <= 8
+    assert not list(out.glob("*.xml")) and not list(out.glob("versions*"))
+    assert (out / "session.log").read_text().count("skipped") >= 3
+
+
+@pytest.mark.slow  # a subprocess: seconds
+def test_session_stops_a_phase_at_its_limit_with_sigint(tmp_path):
+    # pytest needs more than 3 s to collect the suite, so the tests phase is stopped at its cap
+    proc, out = _session(tmp_path, "tests", SESSION_BUDGET="400", TESTS_TIMEOUT="3")
+    run = json.loads(next(out.glob("gpu_*_tests_run.json")).read_text())
+    tests = [p for p in run["phases"] if p["name"] == "tests"]
+    assert len(tests) == 1, run["phases"]
+    assert tests[0]["timeout_s"] == 3 and tests[0]["rc"] == 124, tests[0]
+    assert tests[0]["status"] == "stopped at its 3 s limit"
+    assert tests[0]["seconds"] < 3 + 20  # SIGINT, then SIGKILL 20 s later at the latest
+    # SIGINT, not SIGTERM: pytest saw a KeyboardInterrupt and ended its session (writing its
+    # JSON and summaries; the toy benchmark below checks those)
+    assert "KeyboardInterrupt" in (out / "session.log").read_text()
+
+
+@pytest.mark.slow  # a subprocess: seconds
+def test_session_refuses_an_unknown_phase(tmp_path):
+    proc, _ = _session(tmp_path, "tests,benchmarks")
+    assert proc.returncode == 2
+    assert "unknown phase 'benchmarks'" in proc.stderr
+    assert "tests,bench,locality,epochs,kernels" in proc.stderr
+
+
+BENCH_MODULE = '''
+import os, signal
+import pytest
+from conftest import state_goals, summary
+
+MEASURED = {}
+
+
+def test_first(benchmark):
+    benchmark.pedantic(lambda: None, rounds=3, iterations=1)
+    MEASURED["first"] = 2.0
+
+
+def test_second(benchmark):
+    if os.environ.get("STOP_IN_SECOND"):
+        os.kill(os.getpid(), signal.SIGINT)  # what gpu_session.sh sends when time is up
+    benchmark.pedantic(lambda: None, rounds=3, iterations=1)
+    MEASURED["second"] = 5.0
+
+
+def test_summary():
+    state_goals(*_summary(), "TOY_SUMMARY")
+
+
+@summary("TOY_SUMMARY")
+def _summary():
+    if not MEASURED:
+        return None
+    lines = [f"{name}: {value} ms" for name, value in MEASURED.items()]
+    checks = [(value <= 3.0, f"{name} <= 3 ms: {'met' if value <= 3.0 else 'MISSED'}")
+              for name, value in MEASURED.items()]
+    return lines, checks
+'''
+
+
+def _toy_bench(tmp_path, **env):
+    shutil.copy(REPO / "bench" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_toy.py").write_text(BENCH_MODULE)
+    summary = tmp_path / "summary.txt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_toy.py",
+         "--benchmark-json", str(tmp_path / "bench.json")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TOY_SUMMARY": str(summary), **env})
+    names = [b["name"] for b in json.loads((tmp_path / "bench.json").read_text())["benchmarks"]]
+    return proc, summary.read_text(), names
+
+
+@pytest.mark.slow  # a subprocess: seconds
+def test_an_interrupted_benchmark_still_states_what_it_measured(tmp_path):
+    proc, text, names = _toy_bench(tmp_path, STOP_IN_SECOND="1")
+    assert proc.returncode == 2, proc.stdout[-2000:]  # pytest's "interrupted"
+    assert names == ["test_first"]
+    assert text.startswith("INTERRUPTED")
+    assert "first: 2.0 ms" in text and "first <= 3 ms: met" in text
+    assert "second" not in text
+
+
+@pytest.mark.slow  # a subprocess: seconds
+def test_a_whole_benchmark_run_states_and_checks_its_goals(tmp_path):
+    proc, text, names = _toy_bench(tmp_path)
+    assert names == ["test_first", "test_second"]
+    assert not text.startswith("INTERRUPTED")
+    assert "second <= 3 ms: MISSED" in text
+    assert proc.returncode == 1 and "goals missed" in proc.stdout  # the summary test fails
