@@ -31,8 +31,8 @@
 # conftest writes the summary of what was measured (marked INTERRUPTED); SIGKILL 20 s later.
 # The run record is rewritten after every phase, so whatever happens to the call, $OUT holds
 # the state of every phase that ended. Caps and floors (seconds), each cap overridable:
-#   build 200/60 (BUILD_TIMEOUT), tests 220/60 (TESTS_TIMEOUT, and one test at most
-#   TEST_TIMEOUT=120 where pytest-timeout is installed, as it is on the GPU image), bench
+#   build 200/60 (BUILD_TIMEOUT), tests 220/60 (TESTS_TIMEOUT; one test at most
+#   TEST_TIMEOUT=120 s, in TEST_WORKERS=4 processes: see the tests phase below), bench
 #   200/60 (BENCH_TIMEOUT), locality 240/90 (LOCALITY_TIMEOUT), epochs 100/40
 #   (EPOCHS_TIMEOUT), kernels 90/40 (KERNELS_TIMEOUT).
 # Estimates for an H100 (none of them measured yet as phases of this script): build 40 s,
@@ -216,9 +216,16 @@ if [ "$ASKED" = "all" ] || ! have_build; then
 fi
 $PY -c 'import dignn_kernels as dk; print("installed:", dk.__file__, dk._build_info.CUDA_ARCHS, dk.available_backends(__import__("torch").device("cuda")))'
 
-timeout_option=()
+# The GPU tests: one test at most TEST_TIMEOUT s where pytest-timeout is installed, and spread
+# over TEST_WORKERS processes where pytest-xdist is (both are on the GPU image): a test that
+# crashes its process (the first GPU run's segfault ended the whole run) then fails alone, its
+# worker is replaced and the other tests still run and are counted.
+test_options=()
 if $PY -c 'import pytest_timeout' 2>/dev/null; then
-  timeout_option=("--timeout=${TEST_TIMEOUT:-120}")
+  test_options+=("--timeout=${TEST_TIMEOUT:-120}")
+fi
+if [ "${TEST_WORKERS:-4}" -gt 1 ] && $PY -c 'import xdist' 2>/dev/null; then
+  test_options+=(-n "${TEST_WORKERS:-4}")
 fi
 
 for phase in ${PHASES//,/ }; do
@@ -230,7 +237,7 @@ for phase in ${PHASES//,/ }; do
     tests)
       run_phase tests "${TESTS_TIMEOUT:-220}" 60 \
         $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider --durations=25 \
-        "${timeout_option[@]}" --junitxml="$SCRATCH/tests.xml" ;;
+        "${test_options[@]}" --junitxml="$SCRATCH/tests.xml" ;;
     bench)
       DIGNN_BENCH_SUMMARY="$OUT/gpu_${slug}_summary.txt" \
         run_phase bench "${BENCH_TIMEOUT:-200}" 60 \
