@@ -11,7 +11,7 @@
 # "all", the default, is every one):
 #   build     `pip install --no-build-isolation --no-deps .` (about 40 s; skipped when a build
 #             with CUDA kernels is installed and the phases do not include "all")
-#   tests     `pytest -m cuda tests`: the GPU tests (356 since 2026-11-25; the first GPU run took
+#   tests     `pytest -m cuda tests`: the GPU tests (356 on 2026-11-27; the first GPU run took
 #             77 s for 149), correctness before any timing
 #   bench     bench/test_gpu_speed.py: the layer step on cornell5 and the Penn94-shaped graphs
 #             against the plain composition and the paper's algorithm, the cached sweep against

@@ -213,8 +213,14 @@ def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:
 def _systems_per_program(m: int) -> int:
     """BLOCK_B: 256 matrix entries per program. The factorization is unrolled over m, its
     tile in registers: 1,024 entries (4 systems of 16 x 16) spilled for sm_90, 256 take
-    about 90 registers for m = 5 and 16."""
+    about 90 registers for m = 5 and 16 with 4 warps, 60-73 with SOLVE_WARPS."""
     return max(1, min(32, 256 // (triton.next_power_of_2(m) ** 2)))
+
+
+# Warps of the small-solve kernels: 8, one tile entry per thread. With 4 warps Triton 3.6 (the
+# GPU machine's) gave the gamma kernel of a 16-slot window an 8-byte stack frame for sm_90 (96
+# registers); with 8, 72 registers and none, and Triton 3.8 none either way.
+SOLVE_WARPS = 8
 
 
 def window_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
@@ -254,7 +260,7 @@ def anderson_gamma(gram: Tensor, proj: Tensor, reg: float, dtype: torch.dtype) -
     consts = _consts((reg, torch.finfo(torch.float64).tiny), torch.float64, gram.device)
     _anderson_gamma_kernel[(triton.cdiv(d, block_b),)](
         gram.contiguous(), proj.contiguous(), gamma, consts, d, M=m,
-        MP=triton.next_power_of_2(m), BLOCK_B=block_b)
+        MP=triton.next_power_of_2(m), BLOCK_B=block_b, num_warps=SOLVE_WARPS)
     return gamma
 
 
@@ -268,5 +274,6 @@ def small_spd_solve(a: Tensor, b: Tensor) -> Tensor:
     block_b = _systems_per_program(m)
     tiny = _consts((torch.finfo(a.dtype).tiny,), a.dtype, a.device)  # exact in float64
     _small_spd_solve_kernel[(triton.cdiv(batch, block_b),)](
-        a.contiguous(), b.contiguous(), x, tiny, batch, M=m, MP=mp, BLOCK_B=block_b)
+        a.contiguous(), b.contiguous(), x, tiny, batch, M=m, MP=mp, BLOCK_B=block_b,
+        num_warps=SOLVE_WARPS)
     return x
