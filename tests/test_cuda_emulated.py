@@ -40,10 +40,14 @@ def _sources():
 
 @pytest.fixture(scope="module")
 def emu():
-    """The emulated ops, built once per version of the sources (torch's JIT cache only hashes
-    the listed source, not the headers it includes, so the name carries a hash of all)."""
+    """The emulated ops, built once per version of the sources and of torch (torch's JIT cache
+    only hashes the listed source, not the headers it includes, so the name carries a hash of
+    all; and torch 2.11 waits for as long as a file named ``lock`` exists in the build folder,
+    which torch 2.14.1 leaves there by design: a test run of torch 2.11 after one of 2.14.1 on
+    the same machine hung in this build)."""
     from torch.utils.cpp_extension import load
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in _sources())).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in _sources())
+                            + torch.__version__.encode()).hexdigest()[:12]
     name = f"dignn_emulated_{digest}"
     build = Path(tempfile.gettempdir()) / name
     build.mkdir(exist_ok=True)
