@@ -11,9 +11,10 @@ __all__ = ["csr_rows", "rowptr_from_sorted_rows", "transpose_csr", "diagonal_ind
 def rowptr_from_sorted_rows(rows: Tensor, n: int) -> Tensor:
     """The rowptr (n + 1 offsets) of a CSR whose entries have the sorted row indices `rows`."""
     counts = torch.bincount(rows, minlength=n) if rows.numel() else rows.new_zeros(n)
-    rowptr = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=rowptr[1:])
-    return rowptr
+    # a cat, not cumsum(out=rowptr[1:]): under torch.compile with dynamic shapes bincount's
+    # length is data-dependent, and Inductor of torch 2.11 fails to write it into a slice of
+    # length n (the backward of neural_edge_weights builds the transpose with this)
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(torch.int64)
 
 
 def csr_rows(rowptr: Tensor, num_edges: int) -> Tensor:

@@ -57,8 +57,14 @@ _TRUTHY = ("1", "true", "on", "yes", "y")
 
 # ---------------------------------------------------------------- availability --
 
+# Looked up once: torch.compile traces available() inside the layer's forward, and Dynamo
+# before torch 2.14 refuses to trace importlib.util.find_spec (a graph break, an error under
+# fullgraph=True; seen with torch 2.11, the GPU machine's).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def _jit():
