@@ -99,19 +99,17 @@ if [ -z "${DIGNN_DATA:-}" ]; then
 fi
 export DIGNN_DATA="${DIGNN_DATA:-$PWD/.bench_data}"
 
-device_name="$($PY -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' 2>/dev/null)"
-slug="$(echo "${device_name:-none}" | tr 'A-Z' 'a-z' | sed -E 's/nvidia //; s/[^a-z0-9]+/_/g; s/^_+|_+$//g')"
-slug="${slug:-none}"
-run_name="gpu_${slug}_run.json"
-[ "$ASKED" = "all" ] || run_name="gpu_${slug}_${PHASES//,/-}_run.json"
-
 nvidia-smi || true
 nvcc --version || true
-$PY - <<'EOF' | tee "$SCRATCH/versions.txt"
-import platform, torch
+# versions.txt for the record, versions.json for the fields it takes (one torch import)
+$PY - "$SCRATCH/versions.json" <<'EOF' | tee "$SCRATCH/versions.txt"
+import json, platform, sys, torch
+device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+with open(sys.argv[1], "w") as f:
+    json.dump({"device": device, "torch": torch.__version__, "cuda": torch.version.cuda}, f)
 print("python", platform.python_version())
 print("torch", torch.__version__, "cuda", torch.version.cuda)
-print("device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+print("device", device)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("sm", f"{p.major}.{p.minor}", "multiprocessors", p.multi_processor_count,
@@ -123,6 +121,13 @@ except Exception as err:  # noqa: BLE001
     print("triton unavailable:", err)
 EOF
 
+device_name="$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["device"] or "")' \
+  "$SCRATCH/versions.json" 2>/dev/null)"
+slug="$(echo "${device_name:-none}" | tr 'A-Z' 'a-z' | sed -E 's/nvidia //; s/[^a-z0-9]+/_/g; s/^_+|_+$//g')"
+slug="${slug:-none}"
+run_name="gpu_${slug}_run.json"
+[ "$ASKED" = "all" ] || run_name="gpu_${slug}_${PHASES//,/-}_run.json"
+
 : > "$SCRATCH/phases.tsv"  # name, rc (or null), seconds, timeout given, status
 
 write_run() {  # the run record, from what $SCRATCH holds now
@@ -130,15 +135,12 @@ write_run() {  # the run record, from what $SCRATCH holds now
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
 out, run_name, scratch, budget, elapsed, asked, phases = sys.argv[1:]
-versions = Path(scratch, "versions.txt").read_text().splitlines()
-said = {line.split(" ", 1)[0]: line.split(" ") for line in versions}  # (no torch import here)
-run = {"device": " ".join(said["device"][1:]) if "device" in said else None,
-       "torch": said["torch"][1] if "torch" in said else None,
-       "cuda": said["torch"][3] if len(said.get("torch", [])) > 3 else None,
-       "asked": asked, "phases_asked": phases.split(","),
-       "budget_s": int(budget), "elapsed_s": int(elapsed), "versions": versions, "phases": []}
-if run["device"] == "None":
-    run["device"] = None
+fields = Path(scratch, "versions.json")
+run = json.loads(fields.read_text()) if fields.exists() else {"device": None, "torch": None,
+                                                              "cuda": None}
+run.update(asked=asked, phases_asked=phases.split(","), budget_s=int(budget),
+           elapsed_s=int(elapsed), versions=Path(scratch, "versions.txt").read_text().splitlines(),
+           phases=[])
 for line in Path(scratch, "phases.tsv").read_text().splitlines():
     name, rc, seconds, given, status = line.split("\t")
     run["phases"].append({"name": name, "rc": json.loads(rc), "seconds": int(seconds),

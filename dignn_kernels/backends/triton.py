@@ -57,9 +57,9 @@ _TRUTHY = ("1", "true", "on", "yes", "y")
 
 # ---------------------------------------------------------------- availability --
 
-# Looked up once: torch.compile traces available() inside the layer's forward, and Dynamo
-# before torch 2.14 refuses to trace importlib.util.find_spec (a graph break, an error under
-# fullgraph=True; seen with torch 2.11, the GPU machine's).
+# Looked up once: torch.compile traces available() inside the layer's forward, and Dynamo of
+# torch 2.11 (the GPU machine's) refuses to trace importlib.util.find_spec: a graph break, an
+# error under fullgraph=True (torch 2.14.1 traces it).
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
