@@ -81,8 +81,12 @@ class CGState:
 
     @classmethod
     def start(cls, rhs: Tensor, inv_diagonal: Tensor, residual_scale: Optional[Tensor],
-              decoupled: Optional[Tensor]) -> "CGState":
-        """z = 0 and r = rhs, except decoupled rows: z_i = rhs_i / A_ii, r_i = 0."""
+              decoupled: Optional[Tensor], apply=None) -> "CGState":
+        """z = 0 and r = rhs, except decoupled rows: z_i = rhs_i / A_ii, r_i = 0. With
+        ``apply`` (the product y -> A y), decoupled rows that other rows still read (A_ji != 0:
+        a guard row with edges) are eliminated: their known z_i moves to the right-hand side,
+        r_j = rhs_j - sum_i A_ji z_i (one product), so that the Krylov space stays in the
+        other rows, where A is symmetric positive definite."""
         inv = inv_diagonal.unsqueeze(1)
         if decoupled is None:
             z = torch.zeros_like(rhs)
@@ -90,7 +94,7 @@ class CGState:
         else:
             known = decoupled.unsqueeze(1)
             z = torch.where(known, rhs * inv, 0.0)
-            r = torch.where(known, 0.0, rhs)
+            r = torch.where(known, 0.0, rhs if apply is None else rhs - apply(z))
         scale_sq = residual_scale.square() if residual_scale is not None else \
             torch.ones_like(inv_diagonal)
         weights = torch.stack([inv_diagonal, scale_sq]).to(rhs.dtype)

@@ -24,9 +24,13 @@ C = diag(chi), L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Thre
     symmetry, so it is the fallback for directed graphs.
 
 Guard rows (chi_i <= 1e-30, see laplacian_math.h) keep z_i = x_i in every solver. In the SPD
-form such a row is the identity (its C_ii is taken as 1 and its row of L/mu is dropped); for
-the neural Laplacian chi_i = 0 forces W_i. = 0 and, on a symmetric graph, W_.i = 0, so the
-matrix stays symmetric.
+form such a row is the identity (its C_ii is taken as 1 and its row of L/mu is dropped), but
+its column is not: the other rows still diffuse from it (Delta's row i is 0, its column i is
+not, eq. 9). cg eliminates it: z_i = x_i is known, its column moves to the right-hand side,
+r_j = C_jj x_j + W_ji x_i / mu, and the remaining rows' block of C + L/mu is symmetric positive
+definite. The adjoint's v = C^-1 u is 0 on guard rows; its guard rows are
+u_i = g_i + (1/mu) sum_j W_ij v_j, one application of the adjoint map
+(:func:`_guard_coupled`: both only where a guard row has edges).
 
 Every loop keeps its residual norms, its convergence flag and its counters on the device and
 reads them on the host only every ``check_every`` sweeps (0: never, a fixed ``max_iter``
@@ -293,8 +297,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
                        decoupled: Optional[Tensor] = None,
                        callback: Optional[Callable[[int], None]] = None,
                        reduce: Reduce = None, vector_kernels: Optional[str] = None,
-                       product: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
-                       ) -> SolveResult:
+                       product: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None,
+                       eliminate: bool = False) -> SolveResult:
     """Jacobi-preconditioned conjugate gradient for A V = rhs, A SPD, every column its own
     system (per-column step lengths); one ``apply`` (one CSR sweep) per iteration. Stops once
     ||residual_scale * (rhs - A V)||_F <= tol * ref_norm (default ||rhs||_F); the residual is
@@ -311,9 +315,13 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     fused into one kernel on a GPU, ``vector_kernels``) and the dot products of an iteration
     come in two reductions (an all-reduce each on a partitioned graph).
 
-    Rows marked ``decoupled`` (A_ij = A_ji = 0 for j != i) start at their exact value
+    Rows marked ``decoupled`` (A_ij = 0 for j != i) start at their exact value
     rhs_i / A_ii with a zero residual, so they never enter the Krylov space and stay exact
-    (guard rows keep z_i = x_i bit for bit); the others start at 0.
+    (guard rows keep z_i = x_i bit for bit); the others start at 0. Where other rows still
+    read a decoupled row (A_ji != 0: a guard row with edges, whose column of A is not its
+    row), ``eliminate`` moves its known value to their right-hand side,
+    r_j = rhs_j - A_ji z_i (one ``apply`` before the first sweep): CG then solves the
+    remaining rows' block of A, which is symmetric positive definite.
 
     ``product`` (optional, the backend's row product of A: ``product(u, w, done)`` writes
     A u into the buffer w and returns the local dots w.u, nothing once the flag ``done`` is
@@ -321,7 +329,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
     check_every = check_every_arg(check_every)
     ref, ref_safe, history = _start(rhs, max_iter, ref_norm, reduce)
     update = cg_update_for(rhs, vector_kernels)
-    state = CGState.start(rhs, inv_diagonal, residual_scale, decoupled)
+    state = CGState.start(rhs, inv_diagonal, residual_scale, decoupled,
+                          apply if eliminate and decoupled is not None else None)
     residual = state.finish_reduction(_global(state.reduction(), reduce))
     history[0] = residual / ref_safe
     # the flags and counters on the device, updated by the vector update's finish
@@ -427,13 +436,22 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
         cg = dict(max_iter=max_iter, tol=tol, check_every=check_every,
                   decoupled=system.decoupled, callback=callback, reduce=reduce,
                   product=system.spd_product())
+        coupled = _guard_coupled(system, check_every)
         if adjoint:  # (S + L/mu) v = g, then u = S v
             out = conjugate_gradient(system.spd_apply, rhs, system.inv_diagonal, **cg)
-            out.solution = system.mass.unsqueeze(1) * out.solution
+            u = system.mass.unsqueeze(1) * out.solution
+            if coupled:
+                # Guard rows G (Delta's row 0, column not): v = C^-1 u is 0 there and the
+                # other rows' block solves A_NN v_N = g_N, as above; the adjoint equation's
+                # guard rows then read u_G = g_G + (1/mu) W_GN v_N, which is the adjoint map
+                # (g + cy.u + W^T (ca.u), cy = ca = 0 on G) applied to u.
+                guard = getattr(system, "guard", system.decoupled).unsqueeze(1)
+                u = torch.where(guard, system.adjoint_step(u, rhs), u)
+            out.solution = u
             return out
         return conjugate_gradient(system.spd_apply, system.mass.unsqueeze(1) * rhs,
                                   system.inv_diagonal, residual_scale=1.0 / system.mass,
-                                  ref_norm=_norm(rhs, reduce), **cg)
+                                  ref_norm=_norm(rhs, reduce), eliminate=coupled, **cg)
     step_map = system.adjoint_step if adjoint else system.step
     step = lambda y: step_map(y, rhs)  # noqa: E731
     wide_step = lambda y: step_map(y, rhs, rhs.dtype)  # noqa: E731
@@ -450,6 +468,20 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,
                       growth=_stored_growth(growth, storage_dtype), **fixed)
     return _wide_last_iteration(wide_step, rhs, out, max_iter, reduce)
+
+
+def _guard_coupled(system: EquilibriumSystem, check_every: int) -> bool:
+    """Whether cg must eliminate guard rows (z_i = x_i known) that other rows read: the SPD
+    form's guard row is an identity row, but its column keeps the neighbours' -W_ji / mu
+    (they diffuse from it, paper eq. 9), so without the elimination cg would solve a
+    different, unsymmetric system. Read on the host where the loop reads it every sweep
+    anyway (``check_every`` == 1, the CPU default), else (no host read between checks on a
+    GPU) and on a system that does not say (a partitioned one, whose ranks must agree)
+    assumed: the elimination then costs one more sweep, exact either way."""
+    flag = getattr(system, "guard_coupled", None)
+    if flag is None or check_every != 1:
+        return True
+    return bool(flag)
 
 
 def _wide_last_iteration(wide_step: Callable[[Tensor], Tensor], rhs: Tensor, out: SolveResult,

@@ -32,8 +32,9 @@ class EquilibriumSystem:
     - ``spd_product``: that product with its dot products as the backend's row product, if
       it has one (cg's sweep);
     - ``mass`` = diag(S), ``inv_diagonal`` = 1 / diag(S + L/mu) (Jacobi);
-    - ``decoupled`` marks rows with no coupling to other nodes (guard rows, rows without
-      edges), whose SPD solution is rhs_i / A_ii outright.
+    - ``decoupled`` marks rows whose own row of the SPD matrix has no coupling to other
+      nodes (guard rows, rows without edges), whose SPD solution is rhs_i / A_ii outright;
+      a guard row's column may still couple (``guard_coupled``): cg eliminates it.
 
     ``kappa`` is the diagonal of L (row sums of W for the neural, rw and unnormalized
     Laplacians, 1 for sym). ``t_rowptr, t_col, t_perm`` describe W^T for directed graphs
@@ -156,6 +157,13 @@ class EquilibriumSystem:
             return None
         spd_cy, spd_rs, _ = self._spd_terms()
         return self.row_product(self.rowptr, self.col, self.w, spd_cy, spd_rs)
+
+    @property
+    def guard_coupled(self) -> Tensor:
+        """On the device: whether a guard row has edges (W symmetric: other rows read it),
+        so that cg eliminates it (:func:`.loops.conjugate_gradient`)."""
+        has_edges = self.rowptr[1:] != self.rowptr[:-1]
+        return (self.guard & has_edges).any()
 
     @property
     def inv_diagonal(self) -> Tensor:
