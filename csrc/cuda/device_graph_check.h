@@ -1,7 +1,7 @@
-// The data checks of dignn::check_graph (check_graph_data, csrc/ops/checks.h) on GPU tensors:
-// the conditions as device ops, folded into one flag that is read back once; when it is set,
-// the host version runs on copies to name the first bad entry, so the messages are the CPU
-// op's.
+// The data checks of dignn::check_graph (check_graph_data, csrc/ops/checks.h) on GPU tensors
+// (the CSR, its transpose and their consistency): the conditions as device ops, folded into
+// one flag that is read back once; when it is set, the host version runs on copies to name the
+// first bad entry, so the messages are the CPU op's.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,11 +38,35 @@ inline at::Tensor permutation_bad(const at::Tensor& perm) {
   return bad.logical_or_(hit.logical_not().any());
 }
 
+// (t_rowptr, t_col, t_perm) is not the transpose of (rowptr, col) (check_transpose_data): for
+// entry k of the transposed CSR, in row j, CSR entry e = t_perm[k] must have col[e] == j and lie
+// in row t_col[k]. Computed before the other conditions are known to hold, so every index is
+// clamped into range (a garbage result then only adds to a flag already set by them).
+inline at::Tensor transpose_bad(const at::Tensor& rowptr, const at::Tensor& col,
+                                const Transposed& t) {
+  const int64_t n = num_rows(rowptr), m = col.numel();
+  if (n == 0 || m == 0 || t.col.numel() != m || t.perm.numel() != m) {
+    return at::zeros({}, rowptr.options().dtype(at::kBool));
+  }
+  const at::Tensor k = at::arange(m, t.rowptr.options());
+  // the row j of entry k: the last j with t_rowptr[j] <= k
+  const at::Tensor j =
+      at::searchsorted(t.rowptr, k, /*out_int32=*/false, /*right=*/true).sub_(1).clamp_(0, n - 1);
+  const at::Tensor e = t.perm.to(at::kLong).clamp(0, m - 1);
+  const at::Tensor i = t.col.to(at::kLong).clamp(0, n - 1);
+  at::Tensor bad = col.index_select(0, e).to(at::kLong).ne(j);
+  bad.logical_or_(e.lt(rowptr.index_select(0, i)))
+      .logical_or_(e.ge(rowptr.index_select(0, i + 1)));
+  return bad.any();
+}
+
 inline void check_graph_data_on_device(const at::Tensor& rowptr, const at::Tensor& col,
                                        const Transposed& t) {
   at::Tensor bad = csr_data_bad(rowptr, col);
   if (t.defined()) {
-    bad.logical_or_(csr_data_bad(t.rowptr, t.col)).logical_or_(permutation_bad(t.perm));
+    bad.logical_or_(csr_data_bad(t.rowptr, t.col))
+        .logical_or_(permutation_bad(t.perm))
+        .logical_or_(transpose_bad(rowptr, col, t));
   }
   if (!bad.item<bool>()) return;  // the one read (a sync)
   const auto host = [](const at::Tensor& x) { return x.defined() ? x.cpu() : x; };

@@ -75,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
   const Transposed t =
-      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, t_rowptr, t_col, t_perm);
+      check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm);
   const Passes passes(z);
   // The gradients in the compute dtype, a's (16-bit p, q, z, v are storage).
   at::Tensor grad_p = at::empty(p.sizes(), a.options());

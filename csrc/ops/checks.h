@@ -6,7 +6,8 @@
 // - shape, dtype and device checks, O(1): every op runs them first (check_*_args below), in
 //   an order that blames the argument that is wrong (the CSR before the tensors sized by it);
 // - data checks of a CSR, O(nodes + edges): rowptr starts at 0, never decreases and ends at
-//   col.numel(), every col entry is a node index, and t_perm is a permutation. Those are the
+//   col.numel(), every col entry is a node index, t_perm is a permutation and (t_rowptr,
+//   t_col, t_perm) is the transpose of (rowptr, col). Those are the
 //   op dignn::check_graph (check_graph_data here holds its messages); the Python face
 //   (dignn_kernels/ops.py) runs it before each op unless the caller passes trusted=True for a
 //   graph it built itself (dignn_kernels/graph.py). The kernels index memory with these
@@ -17,6 +18,8 @@
 #include <ATen/Dispatch.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -95,14 +98,21 @@ inline void check_features(const at::Tensor& x, const char* name, int64_t n,
               " but the graph is on ", rowptr.device());
 }
 
-inline void check_scalars(double mu, double eps) {
-  TORCH_CHECK(mu > 0.0, "mu must be > 0, got ", mu);
-  TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+// A scalar that must be finite and > 0 (mu, eps): NaN fails the compare, and inf is refused
+// too (eps = inf zeroes every neural weight, mu = inf every diffusion step, without an error).
+inline void check_positive(double value, const char* name) {
+  TORCH_CHECK(std::isfinite(value) && value > 0.0, name, " must be > 0 and finite, got ", value);
 }
 
-inline void check_solve_scalars(double mu, double eps, int64_t max_iter) {
+inline void check_scalars(double mu, double eps) {
+  check_positive(mu, "mu");
+  check_positive(eps, "eps");
+}
+
+inline void check_solve_scalars(double mu, double eps, int64_t max_iter, double tol) {
   check_scalars(mu, eps);
   TORCH_CHECK(max_iter >= 1, "max_iter must be >= 1, got ", max_iter);
+  TORCH_CHECK(std::isfinite(tol) && tol >= 0.0, "tol must be >= 0 and finite, got ", tol);
 }
 
 using OptDtype = c10::optional<at::ScalarType>;
@@ -187,7 +197,7 @@ inline int64_t check_neural_edge_weights_args(const at::Tensor& rowptr, const at
   const at::Tensor& like = is_storage16(p) ? a : p;
   check_compute_dtype(like, "a");
   check_values(a, "a", {col.numel()}, like, rowptr);
-  TORCH_CHECK(eps > 0.0, "eps must be > 0, got ", eps);
+  check_positive(eps, "eps");
   return n;
 }
 
@@ -211,7 +221,7 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
   check_values(chi, "chi", {n}, x, rowptr);
   check_values(kappa, "kappa", {n}, x, rowptr);
   check_values(w, "w", {col.numel()}, x, rowptr);
-  check_scalars(mu, 1.0);
+  check_positive(mu, "mu");
   return n;
 }
 
@@ -240,6 +250,11 @@ inline int64_t check_row_product_args(const at::Tensor& rowptr, const at::Tensor
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
   check_compute_dtype(w, "w");
   check_values(w, "w", {col.numel()}, w, rowptr);
+  // y's rows first: they fix n, so a rowptr of the wrong length is named here (with y), not
+  // as a cy or rs of the wrong length
+  TORCH_CHECK(y.dim() != 2 || y.size(0) == n, "rowptr has ", n, " + 1 entries for ", n,
+              " rows but y has ", y.size(0), " rows (y must be a [", n, ", d] tensor of w's "
+              "dtype): rowptr must hold num_nodes + 1 row offsets and y one row per node");
   check_values(cy, "cy", {n}, w, rowptr);
   check_values(rs, "rs", {n}, w, rowptr);
   TORCH_CHECK(y.dim() == 2 && y.size(0) == n && y.scalar_type() == w.scalar_type() &&
@@ -266,8 +281,8 @@ inline int64_t check_row_product_args(const at::Tensor& rowptr, const at::Tensor
 // gradients).
 inline Transposed check_neural_weight_grad_args(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
-    const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, const OptTensor& t_rowptr,
-    const OptTensor& t_col, const OptTensor& t_perm) {
+    const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
+    const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
   check_features(z, "z", n, rowptr, /*storage_ok=*/true);
   const at::Tensor& like = is_storage16(z) ? a : z;
@@ -277,6 +292,7 @@ inline Transposed check_neural_weight_grad_args(
   check_values(q, "q", p.sizes(), like, rowptr, /*storage_ok=*/true);
   check_values(p, "p", q.sizes(), like, rowptr, /*storage_ok=*/true);
   check_values(a, "a", {col.numel()}, like, rowptr);
+  check_positive(eps, "eps");
   return transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);
 }
 
@@ -295,8 +311,7 @@ inline bool check_implicit_diffusion_args(const at::Tensor& rowptr, const at::Te
   transposed_or_none(t_rowptr, t_col, t_perm, rowptr, col);  // used by the backward
   check_values(chi, "chi", {n}, x, rowptr);
   check_values(edge_value, "edge_value", {col.numel()}, x, rowptr);
-  check_solve_scalars(mu, eps, max_iter);
-  TORCH_CHECK(tol >= 0.0, "tol must be >= 0, got ", tol);
+  check_solve_scalars(mu, eps, max_iter, tol);
   const bool neural = p.has_value() || q.has_value();
   TORCH_CHECK(!neural || (p.has_value() && q.has_value()),
               "p and q go together: pass both (neural Laplacian) or neither");
@@ -312,7 +327,7 @@ inline Transposed check_implicit_diffusion_backward_args(
     const at::Tensor& w, const at::Tensor& kappa, const OptTensor& t_rowptr,
     const OptTensor& t_col, const OptTensor& t_perm, const at::Tensor& x, const at::Tensor& chi,
     const OptTensor& p, const OptTensor& q, const at::Tensor& z, const at::Tensor& grad_z,
-    double mu, double eps, int64_t max_iter, const OptDtype& storage_dtype) {
+    double mu, double eps, int64_t max_iter, double tol, const OptDtype& storage_dtype) {
   const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
   check_features(x, "x", n, rowptr);
   check_solve_storage(storage_dtype, x);
@@ -323,8 +338,10 @@ inline Transposed check_implicit_diffusion_backward_args(
   check_values(kappa, "kappa", {n}, x, rowptr);
   check_values(w, "w", {col.numel()}, x, rowptr);
   check_values(edge_value, "edge_value", {col.numel()}, x, rowptr);
-  check_solve_scalars(mu, eps, max_iter);
-  if (p.has_value() && q.has_value()) check_projections(*p, *q, x, n, rowptr);
+  check_solve_scalars(mu, eps, max_iter, tol);
+  TORCH_CHECK(p.has_value() == q.has_value(),
+              "p and q go together: pass both (neural Laplacian) or neither");
+  if (p.has_value()) check_projections(*p, *q, x, n, rowptr);
   return t;
 }
 
@@ -421,6 +438,28 @@ void check_permutation(const index_t* perm, int64_t m, const char* name) {
   }
 }
 
+// Entry k of the transposed CSR, in its row j, stands for the edge (t_col[k] -> j): t_perm[k]
+// must be that edge's position e in the CSR, in row t_col[k] with col[e] == j. (A permutation
+// that is not the transpose's would pair each edge with another edge's value: wrong gradients,
+// no error.) All five arrays already passed check_csr_data and check_permutation, so every
+// index read here is in range.
+inline void check_transpose_data(const int64_t* rp, const int64_t* col, const int64_t* t_rp,
+                                 const int64_t* t_col, const int64_t* perm, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t k = t_rp[j]; k < t_rp[j + 1]; ++k) {
+      const int64_t e = perm[k], i = t_col[k];
+      if (col[e] == j && rp[i] <= e && e < rp[i + 1]) continue;
+      const int64_t r = std::upper_bound(rp, rp + n + 1, e) - rp - 1;  // e's row
+      TORCH_CHECK(false, "t_perm[", k, "] = ", e, " but CSR entry ", e, " is (row ", r,
+                  ", column ", col[e], "), while entry ", k, " of the transposed CSR (row ", j,
+                  " of t_rowptr, t_col[", k, "] = ", i, ") stands for the CSR's (row ", i,
+                  ", column ", j, "): t_rowptr, t_col and t_perm must be the transpose of "
+                  "(rowptr, col); make them with dignn_kernels.graph.transpose_csr(rowptr, col, "
+                  "num_nodes) or CSRGraph.transposed() of a graph from build_graph");
+    }
+  }
+}
+
 inline void check_csr_data(const at::Tensor& rowptr, const at::Tensor& col, const char* rp_name,
                            const char* col_name) {
   const at::Tensor rp = rowptr.contiguous(), cl = col.contiguous();
@@ -444,6 +483,13 @@ inline void check_graph_data(const at::Tensor& rowptr, const at::Tensor& col,
   AT_DISPATCH_INDEX_TYPES(perm.scalar_type(), "check_graph", [&] {
     detail::check_permutation<index_t>(perm.data_ptr<index_t>(), perm.numel(), "t_perm");
   });
+  // int64 copies where the indices are int32: a once-per-call check, not a pass
+  const auto wide = [](const at::Tensor& x) { return x.to(at::kLong).contiguous(); };
+  const at::Tensor rp = wide(rowptr), cl = wide(col), t_rp = wide(t.rowptr), t_cl = wide(t.col),
+                   pm = wide(perm);
+  detail::check_transpose_data(rp.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
+                               t_rp.data_ptr<int64_t>(), t_cl.data_ptr<int64_t>(),
+                               pm.data_ptr<int64_t>(), num_rows(rp));
 }
 
 }  // namespace dignn

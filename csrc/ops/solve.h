@@ -178,7 +178,7 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
                             double tol, const OptDtype& storage_dtype) {
   const Transposed t = check_implicit_diffusion_backward_args(
       rowptr, col, edge_value, w, kappa_in, t_rowptr, t_col, t_perm, x_in, chi_in, p_in, q_in,
-      z_in, grad_z, mu, eps, max_iter, storage_dtype);
+      z_in, grad_z, mu, eps, max_iter, tol, storage_dtype);
   const bool neural = p_in.has_value() && q_in.has_value();
   const Passes passes(x_in);
   const int64_t n = num_rows(rowptr);
