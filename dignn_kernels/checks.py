@@ -5,42 +5,136 @@
   not make a kernel index out of bounds (the ``dignn::check_graph`` op), run once per call at
   the op boundary unless the caller vouches for the graph (``trusted=True``) and once per graph
   in the graph cache (:meth:`dignn_kernels.graph.CSRGraph.check`);
-- the shape, dtype and device checks (:func:`check_csr`, :func:`check_features`, ...), which
-  the solve entry runs for every backend and the Triton custom ops for their direct callers.
+- the shape, dtype and device checks (:func:`check_csr`, :func:`check_features`, ...) and,
+  per op, all of them in the order of the compiled op (``check_<op>_args``, the mirror of
+  ``check_<op>_args`` in csrc/ops/checks.h), which :mod:`dignn_kernels.ops` runs for every
+  backend before its pass, the solve entry for every backend and the Triton custom ops for
+  their direct callers;
+- :func:`check_same_device`: every tensor argument on one device, which the fake (meta)
+  kernels of the ops run too: with one meta tensor among the arguments the dispatcher picks
+  the fake kernel, whose empty outputs would otherwise come back as results.
 
 The messages are those of the compiled ops (csrc/ops/checks.h), so a bad argument is named the
 same way whatever backend runs.
 """
 import math
+import numbers
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .csr import diagonal_index
+
 __all__ = ["check_scalars", "check_graph", "check_graph_data", "check_csr", "check_values",
            "check_features", "check_edge_values", "check_projections", "check_transposed",
-           "check_compute_dtype"]
+           "check_compute_dtype", "check_same_device", "check_tensors", "check_positive",
+           "check_neural_edge_weights_args", "check_neural_edge_weights_backward_args",
+           "check_diffusion_step_args", "check_csr_fma_args", "check_row_product_args",
+           "check_neural_weight_grad_args", "check_graph_args", "check_solve_args",
+           "check_schedule_arg", "check_int", "check_flag", "check_backend_device"]
 
 # Tensors a pass may take in 16 bits (storage_dtype; backends.interface.STORAGE_DTYPES).
 _STORAGE = (torch.bfloat16, torch.float16)
 
 
-def check_scalars(mu=None, eps=None, max_iter=None, tol=None) -> None:
-    """The scalar arguments, checked in Python before any backend sees them (the C++ checks
-    stay as a second line for direct callers of torch.ops.dignn). Not while torch.compile
-    traces, where the scalars may be symbolic; the compiled graph still runs the C++ checks."""
+class _NotGiven:
+    def __repr__(self):
+        return "<not given>"
+
+
+# The default of check_scalars' arguments: a scalar not passed. None is a value, and a wrong
+# one (an explicit mu=None is refused naming mu, not turned into a float() TypeError later).
+_NOT_GIVEN = _NotGiven()
+
+
+def _is_real(value) -> bool:
+    """A real number: int, float, numpy's scalars; not bool (True is not an eps of 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_scalars(mu=_NOT_GIVEN, eps=_NOT_GIVEN, max_iter=_NOT_GIVEN, tol=_NOT_GIVEN) -> None:
+    """The scalar arguments given, checked in Python before any backend sees them (the C++
+    checks stay as a second line for direct callers of torch.ops.dignn): mu and eps finite
+    numbers > 0, tol a finite number >= 0, max_iter an integer >= 1; bools and None refused.
+    Not while torch.compile traces, where the scalars may be symbolic; the compiled graph
+    still runs the C++ checks."""
     if torch.compiler.is_compiling():
         return
     for name, value, zero_ok in (("mu", mu, False), ("eps", eps, False), ("tol", tol, True)):
-        if value is None:
+        if value is _NOT_GIVEN:
             continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (number and math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+        if not (_is_real(value) and math.isfinite(value)
+                and (value > 0 or (zero_ok and value == 0))):
             raise ValueError(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, "
                              f"got {value!r}")
-    if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int)
-                                 or max_iter < 1):
-        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if max_iter is not _NOT_GIVEN:
+        check_int("max_iter", max_iter, 1)
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """A Python int (not bool) >= minimum, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_flag(name: str, value, none_ok: bool = False) -> None:
+    """True or False (or None where ``none_ok``): a truthy string must not pass for True."""
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        raise TypeError(f"{name} must be True or False{' or None' if none_ok else ''}, got "
+                        f"{value!r}")
+
+
+def check_backend_device(backend, name: str, device: torch.device) -> None:
+    """The backend record ``backend`` (named ``name``) runs on ``device``: the compiled ops
+    dispatch on the tensors' device, so backend="cuda" on CPU tensors would run the CPU
+    kernels (and "cpu" on CUDA tensors the CUDA ones) under another name."""
+    if not backend.available(device):
+        raise RuntimeError(f"backend={name!r} cannot run on {device}: pass backend=None (the "
+                           f"compiled ops of the tensors' device) or one of the backends "
+                           f"available there, dignn_kernels.available_backends({str(device)!r})")
+
+
+def check_positive(value, name: str) -> None:
+    """The C++ ops' check of mu and eps (csrc/ops/checks.h check_positive), for the Triton
+    ops' direct callers: finite and > 0."""
+    if not (_is_real(value) and math.isfinite(value) and value > 0):
+        raise RuntimeError(f"{name} must be > 0 and finite, got {value!r}")
+
+
+def check_tensors(**named) -> None:
+    """Each argument a torch.Tensor (None where it may be omitted: pass those through
+    :func:`check_optional_tensors`), else a TypeError naming it."""
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_optional_tensors(**named) -> None:
+    for name, t in named.items():
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+
+
+def check_same_device(op: str, **named) -> None:
+    """Every tensor among ``named`` (None skipped; a list or tuple: each of its tensors) on the
+    first one's device, else a RuntimeError naming the argument (the CSR's col against rowptr,
+    the others against the graph). The fake kernels run it too: on one meta tensor among real
+    ones the dispatcher picks the fake kernel, and its empty outputs would be the results."""
+    first_name = first = None
+    for name, t in named.items():
+        items = enumerate(t) if isinstance(t, (list, tuple)) else ((None, t),)
+        for i, item in items:
+            if not isinstance(item, Tensor):
+                continue
+            if first is None:
+                first_name, first = name, item
+            elif item.device != first.device:
+                label = name if i is None else f"{name}[{i}]"
+                where = "the graph is on" if first_name == "rowptr" and label != "col" else \
+                    f"{first_name} is on"
+                raise RuntimeError(f"{label} is on {item.device} but {where} {first.device}: "
+                                   f"every tensor argument of {op} must be on one device")
 
 
 _CHECK_KERNEL = {}
@@ -55,14 +149,44 @@ def _has_check_kernel(device_type: str) -> bool:
     return _CHECK_KERNEL[device_type]
 
 
+def check_graph_args(rowptr, col, num_nodes, t_rowptr=None, t_col=None, t_perm=None) -> bool:
+    """The arguments of :func:`check_graph` (csrc/ops/checks.h check_graph_args): types,
+    shapes, dtypes, devices and num_nodes; returns whether the transposed CSR is given."""
+    check_tensors(rowptr=rowptr, col=col)
+    check_optional_tensors(t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
+    check_csr(rowptr, col)
+    check_same_device("check_graph", rowptr=rowptr, col=col, t_rowptr=t_rowptr, t_col=t_col,
+                      t_perm=t_perm)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral):
+        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    if num_nodes < 0:
+        raise RuntimeError(f"num_nodes must be >= 0, got {num_nodes}")
+    n = rowptr.numel() - 1
+    if n != num_nodes:
+        raise RuntimeError(f"rowptr has {n} + 1 entries for {n} rows but num_nodes = "
+                           f"{num_nodes}: rowptr must hold num_nodes + 1 row offsets")
+    return check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+
+
 def check_graph(rowptr: Tensor, col: Tensor, num_nodes: int, t_rowptr: Optional[Tensor] = None,
                 t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None) -> None:
     """Raises RuntimeError, naming the argument and the first bad entry, unless (rowptr, col)
     is a CSR of ``num_nodes`` rows whose columns are node indices: rowptr[0] == 0, rowptr
     non-decreasing, rowptr[-1] == col.numel(), 0 <= col < num_nodes; the same of the transposed
-    CSR (t_rowptr, t_col) when given, and t_perm a permutation of 0..m-1. O(nodes + edges);
-    on a GPU it reads one flag back (a sync). On a device without a dignn kernel (CUDA tensors
-    with a CPU-only build, for the triton backend) it checks host copies."""
+    CSR (t_rowptr, t_col) when given, t_perm a permutation of 0..m-1 and (t_rowptr, t_col,
+    t_perm) the transpose of (rowptr, col) (entry k of the transposed CSR in row j is the CSR's
+    edge t_perm[k], in row t_col[k] and column j). O(nodes + edges); on a GPU it reads one flag
+    back (a sync). On a device without a dignn kernel (CUDA tensors with a CPU-only build, for
+    the triton backend) it checks host copies; on the meta device, which holds no values, it
+    refuses."""
+    if not torch.compiler.is_compiling():
+        check_graph_args(rowptr, col, num_nodes, t_rowptr, t_col, t_perm)
+        num_nodes = int(num_nodes)
+    if isinstance(rowptr, Tensor) and rowptr.device.type == "meta":
+        raise RuntimeError("rowptr is on the meta device, whose tensors hold no values: the "
+                           "graph's data cannot be checked. Pass the graph on a device that "
+                           "holds it (cpu, cuda), or trusted=True for a graph known to be valid "
+                           "(one from dignn_kernels.build_graph)")
     if isinstance(rowptr, Tensor) and rowptr.device.type != "cpu" and \
             not _has_check_kernel(rowptr.device.type):
         rowptr, col, t_rowptr, t_col, t_perm = (
@@ -72,7 +196,7 @@ def check_graph(rowptr: Tensor, col: Tensor, num_nodes: int, t_rowptr: Optional[
 
 
 def check_graph_data(trusted: bool, rowptr, col, nodes, t_rowptr=None, t_col=None,
-                     t_perm=None) -> None:
+                     t_perm=None, diag_index=None) -> None:
     """:func:`check_graph` for an op whose node signal (n x d) is ``nodes``, unless the caller
     vouches for the graph (``trusted``), torch.compile traces (the graph's values are not
     known then) or a CUDA graph is being captured (the check reads a flag back, which a
@@ -80,9 +204,12 @@ def check_graph_data(trusted: bool, rowptr, col, nodes, t_rowptr=None, t_col=Non
     runs the captured kernels only). The one data check of every backend: the ops here and
     the solve entry (:func:`dignn_kernels.solvers.implicit_diffusion`) run it once, the passes
     of :mod:`dignn_kernels.backends` never. When rowptr's length does not match ``nodes`` the
-    data are not checked: the op's own shape check then names rowptr and the node signal."""
-    if trusted or torch.compiler.is_compiling():
+    data are not checked: the op's own shape check then names rowptr and the node signal.
+    ``diag_index`` (the solve entry's): the positions of the self-loops, compared with
+    :func:`dignn_kernels.csr.diagonal_index` of the checked CSR."""
+    if trusted is True or torch.compiler.is_compiling():
         return
+    check_flag("trusted", trusted)  # a truthy "no" must not skip the check
     if isinstance(rowptr, Tensor) and rowptr.is_cuda and \
             torch.cuda.is_current_stream_capturing():
         return
@@ -90,6 +217,20 @@ def check_graph_data(trusted: bool, rowptr, col, nodes, t_rowptr=None, t_col=Non
             and nodes.dim() >= 1 and rowptr.shape[0] == nodes.shape[0] + 1):
         return
     check_graph(rowptr, col, nodes.shape[0], t_rowptr, t_col, t_perm)
+    if isinstance(diag_index, Tensor):
+        _check_diag_index_data(rowptr, col, diag_index)
+
+
+def _check_diag_index_data(rowptr: Tensor, col: Tensor, diag_index: Tensor) -> None:
+    """cg's Jacobi preconditioner reads W_ii at diag_index[i]: another position would
+    precondition with a wrong diagonal (or divide by zero)."""
+    want = diagonal_index(rowptr, col)
+    if diag_index.shape == want.shape and bool(torch.equal(diag_index, want)):
+        return
+    i = int(torch.nonzero(diag_index != want)[0, 0])
+    raise RuntimeError(f"diag_index[{i}] = {int(diag_index[i])} but row {i}'s self-loop is at "
+                       f"CSR position {int(want[i])} (-1: none): pass None (computed) or "
+                       f"CSRGraph.diagonal_index() of this graph")
 
 
 def check_csr(rowptr: Tensor, col: Tensor, rowptr_name="rowptr", col_name="col") -> None:
@@ -181,3 +322,176 @@ def check_transposed(t_rowptr, t_col, t_perm, rowptr, col) -> bool:
         raise RuntimeError(f"t_rowptr, t_col and t_perm must be on the graph's device "
                            f"{rowptr.device}")
     return True
+
+
+def check_storage16_supported(t: Tensor, name: str, storage16: bool) -> None:
+    if not storage16 and t.dtype in _STORAGE:
+        raise RuntimeError(f"{name} is {t.dtype} but this op takes float32 or float64 (16-bit "
+                           f"storage is taken by the row pass csr_fma, the gradient pass "
+                           f"neural_weight_grad and neural_edge_weights); pass {name} in "
+                           f"float32 or float64")
+
+
+# ------------------------------------------------------------------ per op (O(1)) --
+# The mirror of csrc/ops/checks.h's check_<op>_args, in the same order and with the same
+# messages, so every backend refuses what the compiled ops refuse, naming the same argument.
+# Each takes the op's tensors by name and first checks that they are tensors on one device.
+
+def _op_tensors(op: str, optional=(), **named) -> None:
+    for name, t in named.items():
+        if name in optional:
+            check_optional_tensors(**{name: t})
+        elif isinstance(t, (list, tuple)):
+            for i, item in enumerate(t):
+                check_tensors(**{f"{name}[{i}]": item})
+        else:
+            check_tensors(**{name: t})
+    check_csr(named["rowptr"], named["col"])
+    check_same_device(op, **named)
+
+
+def check_neural_edge_weights_args(rowptr, col, a, p, q, eps, storage16: bool = True) -> int:
+    """storage16: p and q may be stored in 16 bits (then a holds the compute dtype)."""
+    _op_tensors("neural_edge_weights", rowptr=rowptr, col=col, a=a, p=p, q=q)
+    n = check_edge_values(rowptr, col, a, "a")
+    check_storage16_supported(p, "p", storage16)
+    check_features(p, "p", n, rowptr, storage_ok=storage16)
+    check_values(q, "q", p.shape, p, rowptr)
+    like = a if p.dtype in _STORAGE else p
+    check_compute_dtype(like, "a")
+    check_values(a, "a", [col.numel()], like, rowptr)
+    check_positive(eps, "eps")
+    return n
+
+
+def check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
+                                            t_perm) -> int:
+    _op_tensors("neural_edge_weights_backward", rowptr=rowptr, col=col, a=a, p=p, q=q,
+                grad_w=grad_w, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
+    n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps, storage16=False)
+    check_values(grad_w, "grad_w", [col.numel()], p, rowptr)
+    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    return n
+
+
+def check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu) -> int:
+    _op_tensors("diffusion_step", rowptr=rowptr, col=col, w=w, chi=chi, kappa=kappa, x=x, z=z)
+    n = check_edge_values(rowptr, col, w, "w")
+    check_features(x, "x", n, rowptr)
+    check_values(z, "z", x.shape, x, rowptr)
+    check_values(chi, "chi", [n], x, rowptr)
+    check_values(kappa, "kappa", [n], x, rowptr)
+    check_values(w, "w", [col.numel()], x, rowptr)
+    check_positive(mu, "mu")
+    return n
+
+
+def check_csr_fma_args(rowptr, col, w, y, b, cy, rs) -> int:
+    """y (and b) may be stored in 16 bits (then w holds the compute dtype)."""
+    _op_tensors("csr_fma", rowptr=rowptr, col=col, w=w, y=y, b=b, cy=cy, rs=rs)
+    n = check_edge_values(rowptr, col, w, "w")
+    check_features(y, "y", n, rowptr, storage_ok=True)
+    like = w if y.dtype in _STORAGE else y
+    check_compute_dtype(like, "w")
+    check_values(b, "b", y.shape, like, rowptr, storage_ok=True)
+    check_values(w, "w", [col.numel()], like, rowptr)
+    check_values(cy, "cy", [n], like, rowptr)
+    check_values(rs, "rs", [n], like, rowptr)
+    return n
+
+
+def check_schedule_arg(schedule, rowptr) -> None:
+    """A csr_schedule: None, or a list of tensors on the graph's device (its shapes are the
+    compiled op's to check, per device)."""
+    if schedule is None:
+        return
+    if not isinstance(schedule, (list, tuple)):
+        raise TypeError(f"schedule must be None or the list csr_schedule(rowptr, col) returns, "
+                        f"got {type(schedule).__name__}")
+    for i, t in enumerate(schedule):
+        check_tensors(**{f"schedule[{i}]": t})
+    check_same_device("csr_fma", rowptr=rowptr, schedule=schedule)
+
+
+def check_row_product_args(rowptr, col, w, cy, rs, schedule, y, out, done) -> int:
+    if not isinstance(schedule, (list, tuple)):
+        raise TypeError(f"schedule must be the list csr_schedule(rowptr, col) returns, got "
+                        f"{type(schedule).__name__}")
+    _op_tensors("row_product", rowptr=rowptr, col=col, w=w, cy=cy, rs=rs, schedule=schedule,
+                y=y, out=out, done=done)
+    n = check_edge_values(rowptr, col, w, "w")
+    check_compute_dtype(w, "w")
+    check_values(w, "w", [col.numel()], w, rowptr)
+    if y.dim() == 2 and y.shape[0] != n:  # y's rows fix n: a short rowptr is named here
+        raise RuntimeError(f"rowptr has {n} + 1 entries for {n} rows but y has {y.shape[0]} "
+                           f"rows (y must be a [{n}, d] tensor of w's dtype): rowptr must "
+                           f"hold num_nodes + 1 row offsets and y one row per node")
+    check_values(cy, "cy", [n], w, rowptr)
+    check_values(rs, "rs", [n], w, rowptr)
+    if not (y.dim() == 2 and y.shape[0] == n and y.dtype == w.dtype
+            and y.device == rowptr.device):
+        raise RuntimeError(f"y must be a [{n}, d] tensor of w's dtype {w.dtype} on "
+                           f"{rowptr.device}, got {list(y.shape)}, {y.dtype}, {y.device}")
+    if not (out.shape == y.shape and out.dtype == y.dtype and out.device == y.device
+            and out.is_contiguous()):
+        raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
+                           f"{y.dtype}, {y.device}), got {list(out.shape)}, {out.dtype}, "
+                           f"{out.device}{'' if out.is_contiguous() else ' (not contiguous)'}"
+                           f": pass torch.empty_like(y)")
+    if y.numel() and out.data_ptr() == y.data_ptr():
+        raise RuntimeError("out must not be y: the sweep reads y's neighbour rows while it "
+                           "writes out; pass a second buffer")
+    if not (done.numel() >= 1 and done.dtype == torch.float64 and done.device == y.device):
+        raise RuntimeError(f"done must be a float64 flag tensor on {y.device} (its first "
+                           f"element nonzero once the solve is done), got {list(done.shape)}, "
+                           f"{done.dtype} on {done.device}")
+    return n
+
+
+def check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None,
+                                  t_perm=None) -> bool:
+    """z, v, p and q may be stored in 16 bits (then a holds the compute dtype). Returns
+    whether the transposed CSR is given."""
+    _op_tensors("neural_weight_grad", ("t_rowptr", "t_col", "t_perm"), rowptr=rowptr, col=col,
+                a=a, p=p, q=q, z=z, v=v, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
+    n = check_edge_values(rowptr, col, a, "a")
+    check_features(z, "z", n, rowptr, storage_ok=True)
+    like = a if z.dtype in _STORAGE else z
+    check_compute_dtype(like, "a")
+    check_values(v, "v", z.shape, like, rowptr, storage_ok=True)
+    check_features(p, "p", n, rowptr, storage_ok=True)
+    check_values(q, "q", p.shape, like, rowptr, storage_ok=True)
+    check_values(p, "p", q.shape, like, rowptr, storage_ok=True)
+    check_values(a, "a", [col.numel()], like, rowptr)
+    check_positive(eps, "eps")
+    return check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+
+
+def check_solve_args(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm,
+                     diag_index=None) -> None:
+    """The tensors of a solve (the solve entry, every backend; the mirror of
+    check_implicit_diffusion_args less the scalars, which check_scalars has checked)."""
+    _op_tensors("implicit_diffusion", ("p", "q", "kappa", "t_rowptr", "t_col", "t_perm",
+                                       "diag_index"),
+                rowptr=rowptr, col=col, edge_value=edge_value, x=x, chi=chi, p=p, q=q,
+                kappa=kappa, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
+                diag_index=diag_index)
+    n = check_edge_values(rowptr, col, edge_value, "edge_value")
+    check_features(x, "x", n, rowptr)
+    check_values(edge_value, "edge_value", [col.numel()], x, rowptr)
+    check_values(chi, "chi", [n], x, rowptr)
+    if (p is None) != (q is None):
+        raise RuntimeError("p and q go together: pass both (neural Laplacian) or neither")
+    if p is not None:
+        if kappa is not None:
+            raise RuntimeError("kappa is computed from the neural edge weights; pass it only "
+                               "for fixed W")
+        check_projections(p, q, x, n, rowptr)
+    elif kappa is not None:
+        check_values(kappa, "kappa", [n], x, rowptr)
+    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    if diag_index is not None and (list(diag_index.shape) != [n]
+                                   or diag_index.dtype != torch.int64):
+        raise RuntimeError(f"diag_index must be an int64 tensor of shape [{n}] (the CSR "
+                           f"position of each row's self-loop, or -1: CSRGraph.diagonal_index"
+                           f"()), got {diag_index.dtype} of shape {list(diag_index.shape)}")

@@ -20,6 +20,7 @@ the layer permutes x on the way in and Z on the way out, so callers never see th
 """
 from __future__ import annotations
 
+import numbers
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -65,12 +66,22 @@ class CSRGraph:
     def device(self) -> torch.device:
         return self.rowptr.device
 
+    def _check_rows(self, t, name: str) -> None:
+        # a signal with more rows than nodes would be cut to num_nodes by the index_select
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 1 or t.shape[0] != self.num_nodes:
+            raise ValueError(f"{name} must have one row per node ({self.num_nodes}), got shape "
+                             f"{list(t.shape)}")
+
     def to_graph_order(self, x: Tensor) -> Tensor:
         """Rows of ``x`` (the caller's node order) in the CSR's node order."""
+        self._check_rows(x, "x")
         return x if self.order is None else x.index_select(0, self.order)
 
     def to_user_order(self, z: Tensor) -> Tensor:
         """Rows of ``z`` (the CSR's node order) back in the caller's node order."""
+        self._check_rows(z, "z")
         return z if self.position is None else z.index_select(0, self.position)
 
     def check(self) -> "CSRGraph":
@@ -91,7 +102,8 @@ class CSRGraph:
         return self._transposed
 
     def values(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        """(a, D) in ``dtype``, converted once."""
+        """(a, D) in ``dtype`` (a floating dtype), converted once."""
+        _check_float_dtype(dtype)
         key = ("a", dtype)
         if key not in self._by_dtype:
             self._by_dtype[key] = (self.value.to(dtype), self.degree.to(dtype))
@@ -121,6 +133,10 @@ class CSRGraph:
         - ``sym``: W = D^-1/2 A D^-1/2, chi = 1, kappa = 1 (0 for isolated nodes)
           (Delta = I - D^-1/2 A D^-1/2)
         """
+        if laplacian not in LAPLACIANS[1:]:
+            raise ValueError(f"laplacian must be one of {LAPLACIANS[1:]} (the fixed "
+                             f"Laplacians), got {laplacian!r}")
+        _check_float_dtype(dtype)
         key = (laplacian, dtype)
         if key in self._by_dtype:
             return self._by_dtype[key]
@@ -148,7 +164,30 @@ def fixed_weights(laplacian: str, a: Tensor, deg: Tensor, rows: Tensor, cols: Te
     raise ValueError(f"no fixed weights for laplacian={laplacian!r}")
 
 
+def _check_float_dtype(dtype) -> None:
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.float64), "
+                        f"got {dtype!r}")
+
+
 # ------------------------------------------------------------------------ building --
+
+# The build keys each edge by row * num_nodes + col in int64 (_coalesce, _is_symmetric).
+MAX_NODES = 3_037_000_499  # floor(sqrt(2**63 - 1))
+
+
+def _check_num_nodes(num_nodes) -> int:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (numbers.Integral,
+                                                                  torch.SymInt)):
+        raise TypeError(f"num_nodes must be an int (the number of nodes, x.size(0)), got "
+                        f"{type(num_nodes).__name__} {num_nodes!r}")
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    if num_nodes > MAX_NODES:
+        raise ValueError(f"num_nodes must be at most {MAX_NODES} (the CSR build keys edges by "
+                         f"row * num_nodes + col in int64), got {num_nodes}")
+    return num_nodes if isinstance(num_nodes, torch.SymInt) else int(num_nodes)
+
 
 def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
     if not isinstance(edge_index, Tensor):
@@ -162,6 +201,9 @@ def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
                         f"{edge_index.dtype}; convert it with edge_index.long()")
     if edge_index.numel() == 0:
         return
+    if edge_index.device.type == "meta":
+        raise ValueError("edge_index is on the meta device, which holds no values: pass the "
+                         "graph on a device that holds it (cpu, cuda)")
     lo, hi = int(edge_index.min()), int(edge_index.max())
     if lo < 0 or hi >= num_nodes:
         bad = lo if lo < 0 else hi
@@ -254,6 +296,7 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
     torch_sparse ``SparseTensor`` into a :class:`CSRGraph`, its nodes renumbered by
     ``reorder`` (one of :data:`dignn_kernels.reorder.REORDERINGS`; None keeps the ids)."""
     reorder = check_reorder(reorder)
+    num_nodes = _check_num_nodes(num_nodes)
     if _is_sparse_tensor(edge):
         if edge_weight is not None:
             raise ValueError("edge_weight must be None when the graph is a sparse tensor: the "

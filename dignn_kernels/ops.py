@@ -22,6 +22,11 @@ permutation). Callers that built the CSR themselves (:mod:`dignn_kernels.graph`,
 are valid by construction; the layer and the solvers) pass ``trusted=True`` to skip it. The
 ops check shapes, dtypes and devices always (csrc/ops/checks.h). Bad graphs raise RuntimeError
 naming the argument, on every backend.
+
+Every function checks its arguments before any backend sees them, the same checks for every
+``backend`` (:mod:`dignn_kernels.checks`, the mirror of csrc/ops/checks.h: types, shapes,
+dtypes, every tensor on one device, the scalars), so a backend never gets what the compiled
+ops refuse. They are O(1); the O(nodes + edges) data check is the one ``trusted=True`` skips.
 """
 from typing import List, Optional, Tuple
 
@@ -31,7 +36,12 @@ from torch import Tensor
 from .backends import get_backend
 from .backends.registration import register_edge_weights_autograd
 from .backends.schedule import CUDA_SEGMENT_EDGES
-from .checks import check_features, check_graph, check_graph_data, check_scalars, check_values
+from .checks import (check_backend_device, check_csr, check_csr_fma_args,
+                     check_diffusion_step_args, check_graph, check_graph_data,
+                     check_neural_edge_weights_args,
+                     check_neural_edge_weights_backward_args, check_neural_weight_grad_args,
+                     check_row_product_args, check_same_device, check_scalars,
+                     check_schedule_arg, check_tensors)
 from .laplacian import row_coefficients
 
 __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
@@ -41,8 +51,29 @@ __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_ste
 _ops = torch.ops.dignn
 
 
-def _backend(name: Optional[str]):
-    return None if name is None else get_backend(name)
+def _checking() -> bool:
+    """Whether to run the argument checks: not while torch.compile traces (as the solve
+    entry), where the shapes may be symbolic; the compiled graph runs the compiled and Triton
+    ops' own checks."""
+    return not torch.compiler.is_compiling()
+
+
+def _backend(name: Optional[str], device: torch.device):
+    """The backend record of ``name`` (None: the compiled ops), refused where it cannot run:
+    the compiled ops dispatch on the tensors' device, so backend="cuda" on CPU tensors would
+    run the CPU kernels (and "cpu" on CUDA tensors the CUDA ones) under another name."""
+    if name is None:
+        return None
+    run = get_backend(name)
+    if _checking():
+        check_backend_device(run, name, device)
+    return run
+
+
+def _scalar(value):
+    """A checked scalar as the Python float the ops' schemas take (an int, a numpy float);
+    as it is while torch.compile traces (it may be symbolic)."""
+    return float(value) if _checking() else value
 
 
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
@@ -51,8 +82,10 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
     their row sums kappa. Differentiable in p and q."""
     check_scalars(eps=eps)
+    if _checking():
+        check_neural_edge_weights_args(rowptr, col, a, p, q, eps)
     check_graph_data(trusted, rowptr, col, p)
-    run = _backend(backend)
+    run, eps = _backend(backend, rowptr.device), _scalar(eps)
     if run is None:
         return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
     return run.neural_edge_weights(rowptr, col, a, p, q, eps)
@@ -61,8 +94,12 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
 def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
                                  t_perm, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """dl/dp and dl/dq from dl/dW."""
+    check_scalars(eps=eps)
+    if _checking():
+        check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
+                                                t_col, t_perm)
     check_graph_data(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
-    return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
+    return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, _scalar(eps), grad_w, t_rowptr,
                                              t_col, t_perm)
 
 
@@ -72,15 +109,12 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
     Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x): the row pass with the row
     coefficients of :func:`dignn_kernels.laplacian.row_coefficients`."""
     check_scalars(mu=mu)
+    if _checking():
+        check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu)
     check_graph_data(trusted, rowptr, col, x)
-    run = _backend(backend)
+    run, mu = _backend(backend, rowptr.device), _scalar(mu)
     if run is None:
         return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
-    n = rowptr.numel() - 1
-    check_features(x, "x", n, rowptr)
-    check_values(z, "z", x.shape, x, rowptr)
-    check_values(chi, "chi", [n], x, rowptr)
-    check_values(kappa, "kappa", [n], x, rowptr)
     cy, ca = row_coefficients(chi, kappa, mu)
     return run.row_pass(rowptr, col, w, z, x, cy, ca)
 
@@ -95,8 +129,11 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = 
     ``schedule``: the graph's :func:`csr_schedule`, made once for many calls on one graph
     (a solve's sweeps); None makes it in the call. It is the compiled op's (``backend`` None);
     the other backends make their own."""
+    if _checking():
+        check_csr_fma_args(rowptr, col, w, y, b, cy, rs)
+        check_schedule_arg(schedule, rowptr)
     check_graph_data(trusted, rowptr, col, y)
-    run = _backend(backend)
+    run = _backend(backend, rowptr.device)
     if run is None:
         return _ops.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
     if schedule is not None:
@@ -109,6 +146,8 @@ def csr_schedule(rowptr: Tensor, col: Tensor) -> List[Tensor]:
     """The work schedule of a CSR as the kernels on its device read it (on a GPU: its segments
     and heavy rows, built on the device without a sync; on the CPU: none), for the ops that
     take it (:func:`csr_fma`, :func:`row_product`) instead of building it in every call."""
+    check_tensors(rowptr=rowptr, col=col)
+    check_csr(rowptr, col)
     return _ops.csr_schedule(rowptr, col)
 
 
@@ -120,6 +159,8 @@ def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: 
     one pass over the graph on a GPU. Once the float64 flag ``done[0]`` is nonzero (cg's
     flags) it writes nothing and returns zeros, without reading the flag on the host on a
     GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`)."""
+    if _checking():
+        check_row_product_args(rowptr, col, w, cy, rs, schedule, y, out, done)
     check_graph_data(trusted, rowptr, col, y)
     return _ops.row_product(rowptr, col, w, cy, rs, schedule, y, out, done)
 
@@ -128,8 +169,11 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
                        t_col=None, t_perm=None, *, trusted: bool = False,
                        backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
+    check_scalars(eps=eps)
+    if _checking():
+        check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
     check_graph_data(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
-    run = _backend(backend)
+    run, eps = _backend(backend, rowptr.device), _scalar(eps)
     if run is None:
         return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
     return run.gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
@@ -143,42 +187,66 @@ def anderson_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: T
     j < count, the products in the dtype of the vectors), and writes d_f[slot] = f_new - f and
     d_g[slot] = gy_new - gy. All float32 or float64, contiguous, on the CPU (the GPU solves take
     the Triton record); 0 <= slot < count <= m."""
+    check_tensors(gy_new=gy_new, y_new=y_new, f=f, gy=gy, d_f=d_f, d_g=d_g)
+    check_same_device("anderson_record", gy_new=gy_new, y_new=y_new, f=f, gy=gy, d_f=d_f,
+                      d_g=d_g)
+    for name, value in (("slot", slot), ("count", count)):  # their range: the op's check
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return _ops.anderson_record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
 
 
 # ------------------------------------------------------------------ fake kernels --
+# Each first checks that its tensors are on one device: the dispatcher picks these kernels for
+# torch.compile's fake tensors and for meta tensors, also when only one argument is on the
+# meta device (a real call with a stray meta tensor), which would otherwise return their
+# uninitialized outputs as its results. (Shapes are the real kernels' to check: here they may
+# be symbolic.)
 
 def _num_nodes(rowptr: Tensor):
     return rowptr.shape[0] - 1
 
 
+def _one_device(op: str, **tensors) -> None:
+    check_same_device(f"dignn::{op}", **tensors)
+
+
 @torch.library.register_fake("dignn::check_graph")
 def _(rowptr, col, num_nodes, t_rowptr=None, t_col=None, t_perm=None):
+    _one_device("check_graph", rowptr=rowptr, col=col, t_rowptr=t_rowptr, t_col=t_col,
+                t_perm=t_perm)
     return None
 
 
 @torch.library.register_fake("dignn::neural_edge_weights")
 def _(rowptr, col, a, p, q, eps):
+    _one_device("neural_edge_weights", rowptr=rowptr, col=col, a=a, p=p, q=q)
     return a.new_empty(col.shape[0]), a.new_empty(_num_nodes(rowptr))  # a: the compute dtype
 
 
 @torch.library.register_fake("dignn::neural_edge_weights_backward")
 def _(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
+    _one_device("neural_edge_weights_backward", rowptr=rowptr, col=col, a=a, p=p, q=q,
+                grad_w=grad_w, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
     return torch.empty_like(p), torch.empty_like(q)
 
 
 @torch.library.register_fake("dignn::diffusion_step")
 def _(rowptr, col, w, chi, kappa, x, z, mu):
+    _one_device("diffusion_step", rowptr=rowptr, col=col, w=w, chi=chi, kappa=kappa, x=x, z=z)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("dignn::csr_fma")
 def _(rowptr, col, w, y, b, cy, rs, schedule=None):
+    _one_device("csr_fma", rowptr=rowptr, col=col, w=w, y=y, b=b, cy=cy, rs=rs,
+                schedule=schedule)
     return torch.empty_like(y)
 
 
 @torch.library.register_fake("dignn::csr_schedule")
 def _(rowptr, col):
+    _one_device("csr_schedule", rowptr=rowptr, col=col)
     n, m = _num_nodes(rowptr), col.shape[0]
     if rowptr.device.type != "cuda" or n == 0:
         return []
@@ -190,16 +258,21 @@ def _(rowptr, col):
 
 @torch.library.register_fake("dignn::row_product")
 def _(rowptr, col, w, cy, rs, schedule, y, out, done):
+    _one_device("row_product", rowptr=rowptr, col=col, w=w, cy=cy, rs=rs, schedule=schedule,
+                y=y, out=out, done=done)
     return y.new_empty(y.shape[1])
 
 
 @torch.library.register_fake("dignn::neural_weight_grad")
 def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
+    _one_device("neural_weight_grad", rowptr=rowptr, col=col, a=a, p=p, q=q, z=z, v=v,
+                t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
     return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
 
 
 @torch.library.register_fake("dignn::anderson_record")
 def _(gy_new, y_new, f, gy, d_f, d_g, slot, count):
+    _one_device("anderson_record", gy_new=gy_new, y_new=y_new, f=f, gy=gy, d_f=d_f, d_g=d_g)
     return (torch.empty_like(gy_new),
             gy_new.new_empty((1 + 2 * count, gy_new.shape[1]), dtype=torch.float64))
 
@@ -207,6 +280,8 @@ def _(gy_new, y_new, f, gy, d_f, d_g, slot, count):
 @torch.library.register_fake("dignn::implicit_diffusion")
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_rowptr=None,
       t_col=None, t_perm=None, storage_dtype=None):
+    _one_device("implicit_diffusion", rowptr=rowptr, col=col, edge_value=edge_value, x=x,
+                chi=chi, p=p, q=q, kappa=kappa, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
     stats = torch.empty(3, dtype=torch.float64, device=x.device)
     return (torch.empty_like(x), x.new_empty(col.shape[0]), x.new_empty(_num_nodes(rowptr)),
             stats)
@@ -215,6 +290,9 @@ def _(rowptr, col, edge_value, x, chi, p, q, kappa, mu, eps, max_iter, tol, t_ro
 @torch.library.register_fake("dignn::implicit_diffusion_backward")
 def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, z, grad_z, mu,
       eps, max_iter, tol, storage_dtype=None):
+    _one_device("implicit_diffusion_backward", rowptr=rowptr, col=col, edge_value=edge_value,
+                w=w, kappa=kappa, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm, x=x, chi=chi,
+                p=p, q=q, z=z, grad_z=grad_z)
     grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
     grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
     return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,

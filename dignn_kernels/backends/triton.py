@@ -39,8 +39,10 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..checks import (check_compute_dtype, check_edge_values, check_features,
-                      check_projections, check_transposed, check_values)
+from ..checks import (check_compute_dtype, check_csr_fma_args, check_edge_values,
+                      check_features, check_neural_edge_weights_args,
+                      check_neural_edge_weights_backward_args, check_neural_weight_grad_args,
+                      check_same_device, check_values)
 from .interface import FIXED_POINT_STATE, FP_DONE, ROW_STEP_SUMS, STORAGE_DTYPES, Backend
 from .registration import register_edge_weights_autograd
 from .schedule import TRITON_SEGMENT_EDGES
@@ -250,31 +252,17 @@ def _flag(device: torch.device, value: int = 0) -> Tensor:
 _LIB = "dignn_triton"
 
 
-def _compute_like(stored: Tensor, compute: Tensor) -> Tensor:
-    """The tensor whose dtype is the pass's compute dtype: ``stored`` itself unless it is
-    16-bit storage, then ``compute`` (the edge values or coefficients)."""
-    return compute if stored.dtype in STORAGE_DTYPES else stored
-
-
-def _check_stored_projections(p: Tensor, q: Tensor, a: Tensor, n: int, rowptr: Tensor
-                              ) -> Tensor:
-    """p and q: in the compute dtype, or both in one 16-bit storage dtype with ``a`` in the
-    compute dtype. Returns the tensor whose dtype the others must have."""
-    check_features(p, "p", n, rowptr, storage_ok=True)
-    check_values(q, "q", p.shape, p, rowptr)
-    like = _compute_like(p, a)
-    check_compute_dtype(like, "a")
-    return like
+def _one_device(op: str, **tensors) -> None:
+    """The fake kernels' check (see dignn_kernels/ops.py): one meta tensor among real ones
+    makes the dispatcher pick the fake kernel, whose empty outputs would be the results."""
+    check_same_device(f"{_LIB}::{op}", **tensors)
 
 
 @torch.library.custom_op(f"{_LIB}::neural_edge_weights", mutates_args=())
 def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                          eps: float) -> Tuple[Tensor, Tensor]:
-    n = _checked_graph(rowptr, col, a, "a")
-    like = _check_stored_projections(p, q, a, n, rowptr)
-    check_values(a, "a", [col.numel()], like, rowptr)
-    if not eps > 0.0:
-        raise RuntimeError(f"eps must be > 0, got {eps}")
+    n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps)  # the compiled op's checks
+    _require_device(rowptr)
     w = a.new_empty(col.numel())
     kappa = a.new_empty(n)
     if n:
@@ -286,6 +274,7 @@ def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: T
 
 @_neural_edge_weights.register_fake
 def _(rowptr, col, a, p, q, eps):
+    _one_device("neural_edge_weights", rowptr=rowptr, col=col, a=a, p=p, q=q)
     return a.new_empty(col.shape[0]), a.new_empty(rowptr.shape[0] - 1)
 
 
@@ -309,16 +298,17 @@ def _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_c
 def _neural_edge_weights_backward(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                                   eps: float, grad_w: Tensor, t_rowptr: Tensor, t_col: Tensor,
                                   t_perm: Tensor) -> Tuple[Tensor, Tensor]:
-    n = _checked_graph(rowptr, col, a, "a")
-    check_projections(p, q, p, n, rowptr)
-    check_values(grad_w, "grad_w", [col.numel()], p, rowptr)
-    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
+                                            t_perm)
+    _require_device(rowptr)
     return _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
                                        t_perm)
 
 
 @_neural_edge_weights_backward.register_fake
 def _(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col, t_perm):
+    _one_device("neural_edge_weights_backward", rowptr=rowptr, col=col, a=a, p=p, q=q,
+                grad_w=grad_w, t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
     return torch.empty_like(p), torch.empty_like(q)
 
 
@@ -338,19 +328,14 @@ def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
 @torch.library.custom_op(f"{_LIB}::csr_fma", mutates_args=())
 def _csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
              rs: Tensor) -> Tensor:
-    n = _checked_graph(rowptr, col, w, "w")
-    check_features(y, "y", n, rowptr, storage_ok=True)
-    like = _compute_like(y, w)  # a 16-bit y: w, cy and rs in the compute dtype
-    check_compute_dtype(like, "w")
-    check_values(b, "b", y.shape, like, rowptr, storage_ok=True)
-    check_values(w, "w", [col.numel()], like, rowptr)
-    check_values(cy, "cy", [n], like, rowptr)
-    check_values(rs, "rs", [n], like, rowptr)
+    check_csr_fma_args(rowptr, col, w, y, b, cy, rs)  # the compiled op's checks
+    _require_device(rowptr)
     return _fma(rowptr, col, w, y, b, cy, rs)
 
 
 @_csr_fma.register_fake
 def _(rowptr, col, w, y, b, cy, rs):
+    _one_device("csr_fma", rowptr=rowptr, col=col, w=w, y=y, b=b, cy=cy, rs=rs)
     return torch.empty_like(y)
 
 
@@ -504,22 +489,18 @@ def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
                         v: Tensor, eps: float, t_rowptr: Optional[Tensor] = None,
                         t_col: Optional[Tensor] = None,
                         t_perm: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    n = _checked_graph(rowptr, col, a, "a")
-    check_features(z, "z", n, rowptr, storage_ok=True)
-    like = _compute_like(z, a)  # a 16-bit z: a (and the gradients) in the compute dtype
-    check_compute_dtype(like, "a")
-    check_values(v, "v", z.shape, like, rowptr, storage_ok=True)
-    check_features(p, "p", n, rowptr, storage_ok=True)
-    check_values(q, "q", p.shape, like, rowptr, storage_ok=True)
-    check_values(p, "p", q.shape, like, rowptr, storage_ok=True)
-    check_values(a, "a", [col.numel()], like, rowptr)
-    directed = check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
+    # the compiled op's checks (a 16-bit z: a and the gradients in the compute dtype)
+    directed = check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col,
+                                             t_perm)
+    _require_device(rowptr)
     return _weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
                              (t_rowptr, t_col, t_perm) if directed else None)
 
 
 @_neural_weight_grad.register_fake
 def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
+    _one_device("neural_weight_grad", rowptr=rowptr, col=col, a=a, p=p, q=q, z=z, v=v,
+                t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm)
     return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
 
 

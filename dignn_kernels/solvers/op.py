@@ -22,6 +22,7 @@ with its kink at 0 and its saturation) turn a 16-bit rounding of p into errors o
 "p_q_16bit_too"), and only two passes of a step read them, against some 18 row passes over
 the iterates.
 """
+import math
 import warnings
 import weakref
 from typing import Optional, Tuple
@@ -31,8 +32,8 @@ from torch import Tensor
 
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
-from ..checks import (check_features, check_graph_data, check_projections, check_scalars,
-                      check_transposed, check_values)
+from ..checks import (check_backend_device, check_flag, check_graph_data, check_scalars,
+                      check_solve_args, check_tensors)
 from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
                     default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
 from .system import EquilibriumSystem
@@ -116,24 +117,52 @@ def _stored(t: Optional[Tensor], storage_dtype: Optional[torch.dtype]) -> Option
     return t if t is None or storage_dtype is None else t.to(storage_dtype)
 
 
+# A right-hand side whose largest magnitude lies in this range is solved as it is: no squared
+# norm, dot product or Gram sum of a solve (all in x's dtype, some summed in float64) can then
+# overflow or lose its terms to underflow in float32 (2^40 n d < 3.4e38; 2^-40 * 2^-40 is far
+# above float32's smallest normal 2^-126 for the differences of a converged solve).
+_UNSCALED = (2.0 ** -20, 2.0 ** 20)
+
+
+def _rescaling(t: Tensor):
+    """(scale, unscale) for a solve with right-hand side ``t``, or None: powers of two with
+    max|t| * scale in [1, 2). The equilibrium (paper eq. 10) and its adjoint are linear in
+    their right-hand side, and a power of two scales every iterate, norm and dot product
+    exactly, so the solve of t * scale times unscale is the solve of t, bit for bit, except
+    that nothing overflows (features near 1e30 in float32: 1e60 squares) or underflows.
+    On the CPU max|t| is read on the host (free there) and t in the range of ``_UNSCALED``
+    is left as it is; on a device it stays there (0-dim tensors, no sync)."""
+    if t.numel() == 0 or t.dtype not in (torch.float32, torch.float64):
+        return None
+    amax = torch.linalg.vector_norm(t, ord=math.inf)
+    limit = 126 if t.dtype == torch.float32 else 1022  # 2^-limit and 2^limit both normal
+    if t.device.type == "cpu":
+        m = float(amax)
+        if not math.isfinite(m) or m == 0.0 or _UNSCALED[0] <= m <= _UNSCALED[1]:
+            return None
+        k = max(-limit, min(limit, math.frexp(m)[1] - 1))
+        return 2.0 ** -k, 2.0 ** k
+    exponent = torch.frexp(amax).exponent - 1
+    k = torch.where(torch.isfinite(amax) & (amax > 0), exponent, 0).clamp(-limit, limit)
+    one = torch.ones((), dtype=t.dtype, device=t.device)
+    return torch.ldexp(one, -k), torch.ldexp(one, k)
+
+
+def _unscaled_stats(stats: Tensor, unscale) -> Tensor:
+    """A solve's stats with its residual (entry 1) back in the right-hand side's units."""
+    factor = torch.ones_like(stats)
+    factor[1] = unscale if isinstance(unscale, float) else unscale.double()
+    return stats * factor
+
+
 def _with_flag(stats: Tensor, flag: Tensor) -> Tensor:
     """A fused loop's [iterations, residual, relative] with the diverged flag appended."""
     return torch.cat([stats, flag.reshape(1).to(stats.dtype)])
 
 
-@torch.library.custom_op("dignn::implicit_solve", mutates_args=())
-def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, chi: Tensor,
-                    p: Optional[Tensor], q: Optional[Tensor], kappa: Optional[Tensor],
-                    t_rowptr: Optional[Tensor], t_col: Optional[Tensor],
-                    t_perm: Optional[Tensor], diag_index: Optional[Tensor], mu: float,
-                    eps: float, max_iter: int, tol: float, solver: str, backend: str,
-                    check_every: int, window: int, storage_dtype: Optional[torch.dtype] = None
-                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The equilibrium with ``solver`` on the passes of ``backend``. Returns (z, w, kappa,
-    stats): w the neural edge weights (empty for fixed weights), kappa the diagonal of L,
-    stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
-    if storage_dtype is not None:
-        check_backend_storage(backend, storage_dtype)
+def _forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
+             mu, eps, max_iter, tol, solver, backend, check_every, window, storage_dtype):
+    """The forward solve of :func:`_implicit_solve` (x rescaled there where needed)."""
     fused = _fused(backend, solver, storage_dtype, x)
     if fused is not None:
         z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
@@ -152,6 +181,31 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
         kappa_out.clone() if kappa_out is kappa else kappa_out, out.stats()
 
 
+@torch.library.custom_op("dignn::implicit_solve", mutates_args=())
+def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, chi: Tensor,
+                    p: Optional[Tensor], q: Optional[Tensor], kappa: Optional[Tensor],
+                    t_rowptr: Optional[Tensor], t_col: Optional[Tensor],
+                    t_perm: Optional[Tensor], diag_index: Optional[Tensor], mu: float,
+                    eps: float, max_iter: int, tol: float, solver: str, backend: str,
+                    check_every: int, window: int, storage_dtype: Optional[torch.dtype] = None
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The equilibrium with ``solver`` on the passes of ``backend``. Returns (z, w, kappa,
+    stats): w the neural edge weights (empty for fixed weights), kappa the diagonal of L,
+    stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
+    if storage_dtype is not None:
+        check_backend_storage(backend, storage_dtype)
+    rescaling = _rescaling(x)
+    if rescaling is None:
+        return _forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm,
+                        diag_index, mu, eps, max_iter, tol, solver, backend, check_every,
+                        window, storage_dtype)
+    scale, unscale = rescaling  # features whose squares would overflow (or underflow)
+    z, w, kappa_out, stats = _forward(rowptr, col, edge_value, x * scale, chi, p, q, kappa,
+                                      t_rowptr, t_col, t_perm, diag_index, mu, eps, max_iter,
+                                      tol, solver, backend, check_every, window, storage_dtype)
+    return z * unscale, w, kappa_out, _unscaled_stats(stats, unscale)
+
+
 @_implicit_solve.register_fake
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index, mu,
       eps, max_iter, tol, solver, backend, check_every, window, storage_dtype=None):
@@ -160,23 +214,11 @@ def _(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, dia
     return torch.empty_like(x), w, x.new_empty(rowptr.shape[0] - 1), stats
 
 
-@torch.library.custom_op("dignn::implicit_solve_backward", mutates_args=())
-def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w: Tensor,
-                             kappa: Tensor, t_rowptr: Optional[Tensor],
-                             t_col: Optional[Tensor], t_perm: Optional[Tensor],
-                             diag_index: Optional[Tensor], x: Tensor, chi: Tensor,
-                             p: Optional[Tensor], q: Optional[Tensor], z: Tensor,
-                             grad_z: Tensor, mu: float, eps: float, max_iter: int, tol: float,
-                             solver: str, backend: str, check_every: int, window: int,
-                             storage_dtype: Optional[torch.dtype] = None
-                             ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
-    dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
-    gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
-    and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates and
-    the z, v the gradient pass reads are in that dtype, the results in x's."""
-    if storage_dtype is not None:
-        check_backend_storage(backend, storage_dtype)
+def _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi,
+              p, q, z, grad_z, mu, eps, max_iter, tol, solver, backend, check_every, window,
+              storage_dtype):
+    """The backward of :func:`_implicit_solve_backward` (grad_z rescaled there where
+    needed)."""
     fused = _fused(backend, solver, storage_dtype, x)
     neural = p is not None
     if fused is not None:
@@ -200,6 +242,35 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     else:
         grad_p, grad_q = x.new_empty(0), x.new_empty(0)
     return u.to(x.dtype), grad_chi, grad_p, grad_q, out.stats()
+
+
+@torch.library.custom_op("dignn::implicit_solve_backward", mutates_args=())
+def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w: Tensor,
+                             kappa: Tensor, t_rowptr: Optional[Tensor],
+                             t_col: Optional[Tensor], t_perm: Optional[Tensor],
+                             diag_index: Optional[Tensor], x: Tensor, chi: Tensor,
+                             p: Optional[Tensor], q: Optional[Tensor], z: Tensor,
+                             grad_z: Tensor, mu: float, eps: float, max_iter: int, tol: float,
+                             solver: str, backend: str, check_every: int, window: int,
+                             storage_dtype: Optional[torch.dtype] = None
+                             ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
+    dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
+    gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
+    and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates and
+    the z, v the gradient pass reads are in that dtype, the results in x's."""
+    if storage_dtype is not None:
+        check_backend_storage(backend, storage_dtype)
+    rescaling = _rescaling(grad_z)
+    if rescaling is None:
+        return _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
+                         diag_index, x, chi, p, q, z, grad_z, mu, eps, max_iter, tol, solver,
+                         backend, check_every, window, storage_dtype)
+    scale, unscale = rescaling  # every output is linear in grad_z
+    *grads, stats = _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
+                              diag_index, x, chi, p, q, z, grad_z * scale, mu, eps, max_iter,
+                              tol, solver, backend, check_every, window, storage_dtype)
+    return (*(g * unscale for g in grads), _unscaled_stats(stats, unscale))
 
 
 @_implicit_solve_backward.register_fake
@@ -266,24 +337,6 @@ def host_reads_allowed(x: Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-def _check_arguments(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm):
-    """The shapes, dtypes and devices of a solve, for every backend (checks.py messages)."""
-    n = rowptr.numel() - 1 if isinstance(rowptr, Tensor) else -1
-    check_features(x, "x", n, rowptr)
-    check_values(edge_value, "edge_value", [col.numel()], x, rowptr)
-    check_values(chi, "chi", [n], x, rowptr)
-    if (p is None) != (q is None):
-        raise RuntimeError("p and q go together: pass both (neural Laplacian) or neither")
-    if p is not None:
-        if kappa is not None:
-            raise RuntimeError("kappa is computed from the neural edge weights; pass it only for "
-                             "fixed W")
-        check_projections(p, q, x, n, rowptr)
-    elif kappa is not None:
-        check_values(kappa, "kappa", [n], x, rowptr)
-    check_transposed(t_rowptr, t_col, t_perm, rowptr, col)
 
 
 def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
@@ -354,6 +407,9 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     residual, diverged] (float64, on the device); :func:`backward_stats` gives the same of
     the adjoint solve once a backward ran. A diverging or non-converging solve gives a
     :class:`DivergenceWarning` naming mu."""
+    check_tensors(rowptr=rowptr, col=col, edge_value=edge_value, x=x, chi=chi)
+    check_flag("trusted", trusted)
+    check_flag("host_checks", host_checks, none_ok=True)
     storage_dtype = check_storage_dtype(storage_dtype)
     if storage_dtype is not None and solver != "fixed_point":
         raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' only "
@@ -373,8 +429,10 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
     if not torch.compiler.is_compiling():
-        _check_arguments(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm)
-    check_graph_data(trusted, rowptr, col, x, t_rowptr, t_col, t_perm)
+        check_solve_args(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm,
+                         diag_index)
+        check_backend_device(get_backend(backend), backend, x.device)
+    check_graph_data(trusted, rowptr, col, x, t_rowptr, t_col, t_perm, diag_index)
     solver = resolve_solver(solver, t_rowptr is None)
     host_checks = host_reads_allowed(x) if host_checks is None else \
         bool(host_checks) and host_reads_allowed(x)
