@@ -72,10 +72,16 @@ def check_scalars(mu=_NOT_GIVEN, eps=_NOT_GIVEN, max_iter=_NOT_GIVEN, tol=_NOT_G
         check_int("max_iter", max_iter, 1)
 
 
+INT64_MAX = 2**63 - 1
+
+
 def check_int(name: str, value, minimum: int) -> None:
-    """A Python int (not bool) >= minimum, else a ValueError naming it."""
+    """A Python int (not bool) >= minimum that fits the ops' int64, else a ValueError naming
+    it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value > INT64_MAX:
+        raise ValueError(f"{name} must be at most 2**63 - 1 (an int64), got {value!r}")
 
 
 def check_flag(name: str, value, none_ok: bool = False) -> None:
@@ -290,8 +296,8 @@ def check_edge_values(rowptr, col, values, values_name, rowptr_name="rowptr",
                        col_name="col") -> int:
     check_csr(rowptr, col, rowptr_name, col_name)
     if values.dim() != 1 or values.numel() != col.numel():
-        raise RuntimeError(f"{values_name} must hold one value per edge ({col.numel()}), got "
-                           f"shape {list(values.shape)}")
+        raise RuntimeError(f"{values_name} must hold one value per edge ({col_name} has "
+                           f"{col.numel()} entries), got shape {list(values.shape)}")
     return rowptr.numel() - 1
 
 

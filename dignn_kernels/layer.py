@@ -1,5 +1,4 @@
 """``FusedImplicitDiffusion``: DIGNN's implicit graph diffusion layer on the fused kernels."""
-import math
 from typing import Optional
 
 import torch
@@ -7,6 +6,7 @@ from torch import Tensor, nn
 
 from . import backends, solvers
 from .backends import available_backends, check_backend_storage, check_storage_dtype
+from .checks import check_int, check_scalars
 from .distributed.graph import DistributedGraph
 from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
@@ -16,18 +16,6 @@ from .solvers import SOLVERS
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
 BACKENDS = ("auto",) + backends.BACKENDS
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_positive(name, value, allow_zero=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
 class FusedImplicitDiffusion(nn.Module):
@@ -102,21 +90,19 @@ class FusedImplicitDiffusion(nn.Module):
                  storage_dtype: Optional[torch.dtype] = None,
                  reorder: Optional[str] = None):
         super().__init__()
-        _check_int("in_channels", in_channels, 1)
-        _check_positive("mu", mu)
+        check_int("in_channels", in_channels, 1)
+        check_scalars(mu=mu)
         if laplacian not in LAPLACIANS:
             raise ValueError(f"laplacian must be one of {LAPLACIANS}, got {laplacian!r}")
         if metric_channels is not None:
-            _check_int("metric_channels", metric_channels, 1)
-        _check_int("max_iter", max_iter, 1)
-        _check_positive("tol", tol, allow_zero=True)
-        _check_positive("eps", eps)
+            check_int("metric_channels", metric_channels, 1)
+        check_scalars(max_iter=max_iter, tol=tol, eps=eps)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if check_every is not None:
-            _check_int("check_every", check_every, 0)
+            check_int("check_every", check_every, 0)
         if sync_checks is not None and not isinstance(sync_checks, bool):
             raise ValueError(f"sync_checks must be None, True or False, got {sync_checks!r}")
         self.storage_dtype = check_storage_dtype(storage_dtype)

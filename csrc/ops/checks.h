@@ -135,7 +135,8 @@ inline int64_t check_graph_signal(const at::Tensor& rowptr, const at::Tensor& co
                                   const at::Tensor& values, const char* values_name) {
   check_csr(rowptr, col, "rowptr", "col");
   TORCH_CHECK(values.dim() == 1 && values.numel() == col.numel(), values_name,
-              " must hold one value per edge (", col.numel(), "), got shape ", values.sizes());
+              " must hold one value per edge (col has ", col.numel(), " entries), got shape ",
+              values.sizes());
   return num_rows(rowptr);
 }
 
