@@ -104,6 +104,12 @@ def _set(t: torch.Tensor, index: int, value) -> torch.Tensor:
     return t
 
 
+def _swapped(t: torch.Tensor, i: int, j: int) -> torch.Tensor:
+    t = t.clone()
+    t[[i, j]] = t[[j, i]]
+    return t
+
+
 def _decreasing(rp: torch.Tensor):
     """rowptr with rowptr[i] > rowptr[i + 1] at the first i where rowptr[i] > 0."""
     i = int(torch.nonzero(rp > 0)[0]) if bool((rp > 0).any()) else 1
@@ -128,6 +134,8 @@ def cases(op: str):
         ("rowptr_first", {rp: _set(rowptr, 0, 1)}, rf"^{rp}\[0\] = 1 but must be 0"),
         ("rowptr_short", {rp: rowptr[:-1]},
          rf"^{rp} has {N - 1} \+ 1 entries for {N - 1} rows but {node_name} has {N} rows"),
+        ("rowptr_long", {rp: torch.cat([rowptr, rowptr[-1:]])},
+         rf"^{rp} has {N + 1} \+ 1 entries for {N + 1} rows but {node_name} has {N} rows"),
         ("node_rows", {node: getattr(s, node)[:-1]},
          rf"^{rp} has {N} \+ 1 entries for {N} rows but {node_name} has {N - 1} rows"),
     ]
@@ -153,6 +161,16 @@ def cases(op: str):
             ("t_perm_duplicate", {"t_perm": _set(s.t_perm, 1, dup)},
              rf"^t_perm must be a permutation of 0\.\.{m - 1}, but {dup} appears at positions 0 "
              rf"and 1"),
+            # a permutation, but not the transpose's: each edge would get another's value
+            ("t_perm_not_the_transpose", {"t_perm": _swapped(s.t_perm, 0, m - 1)},
+             rf"^t_perm\[0\] = {int(s.t_perm[-1])} but CSR entry {int(s.t_perm[-1])} is "
+             rf"\(row \d+, column {int(s.col[s.t_perm[-1]])}\), while entry 0 of the "
+             rf"transposed CSR \(row 0 of t_rowptr, t_col\[0\] = {int(s.t_col[0])}\) .*: "
+             rf"t_rowptr, t_col and t_perm must be the transpose of \(rowptr, col\); make them "
+             rf"with dignn_kernels\.graph\.transpose_csr"),
+            ("t_col_not_the_transpose", {"t_col": _set(s.t_col, 0, (int(s.t_col[0]) + 1) % N)},
+             rf"^t_perm\[0\] = {int(s.t_perm[0])} but CSR entry {int(s.t_perm[0])} is .*"
+             rf"t_col\[0\] = {(int(s.t_col[0]) + 1) % N}\) .*must be the transpose"),
         ]
     return out
 

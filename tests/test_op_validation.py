@@ -123,6 +123,15 @@ def test_triton_ops(triton_api, valid, op, changes, regex):
     assert_raises_naming(lambda: call(triton_api, valid.replace(**changes)), regex)
 
 
+@pytest.mark.parametrize("op,changes,regex", face_cases())
+def test_torch_ops(valid, op, changes, regex):
+    """backend="torch" runs the compiled ops' shape checks too (a rowptr one entry too long
+    was accepted, one too short ended in torch.sparse's 'mat1 and mat2 shapes cannot be
+    multiplied')."""
+    call = OPS[op][0]
+    assert_raises_naming(lambda: call(torch_passes, valid.replace(**changes)), regex)
+
+
 def test_torch_passes(valid):
     """backend="torch": the same shared check before its passes (a bad col would otherwise
     reach torch.sparse with check_invariants=False)."""
