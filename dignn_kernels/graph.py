@@ -86,11 +86,58 @@ class CSRGraph:
 
     def check(self) -> "CSRGraph":
         """Runs :func:`dignn_kernels.ops.check_graph` on the CSR once (a graph assembled by
-        hand); graphs from :func:`build_graph` are valid by construction and skip it."""
+        hand), and checks what the layer takes from the other fields: ``value`` one float per
+        edge, ``degree`` its row sums, ``symmetric`` true only of a symmetric graph (the
+        kernels then read W^T from W's CSR: a directed graph marked symmetric would get wrong
+        gradients), ``order`` and ``position`` inverse permutations. Graphs from
+        :func:`build_graph` are valid by construction and skip it."""
         if not self._checked:
             checks.check_graph(self.rowptr, self.col, self.num_nodes)
+            self._check_fields()
             self._checked = True
         return self
+
+    def _check_fields(self) -> None:
+        n, m, device = self.num_nodes, self.num_edges, self.device
+        for name, t, size in (("value", self.value, m), ("degree", self.degree, n)):
+            if not (isinstance(t, Tensor) and t.dim() == 1 and t.numel() == size
+                    and t.is_floating_point() and t.device == device):
+                got = (f"{t.dtype} of shape {list(t.shape)} on {t.device}"
+                       if isinstance(t, Tensor) else type(t).__name__)
+                raise ValueError(f"CSRGraph.{name} must be a floating tensor of shape [{size}] "
+                                 f"on {device}, got {got}")
+        if not isinstance(self.symmetric, bool):
+            raise TypeError(f"CSRGraph.symmetric must be True or False, got "
+                            f"{self.symmetric!r}")
+        rows, cols = self.rows(), self.col.long()
+        row_sums = torch.zeros_like(self.degree).index_add_(0, rows,
+                                                            self.value.to(self.degree.dtype))
+        scale = float(row_sums.abs().max()) if n else 0.0
+        if n and not torch.allclose(self.degree, row_sums, rtol=1e-4, atol=1e-6 * scale):
+            i = int((self.degree - row_sums).abs().argmax())
+            raise ValueError(f"CSRGraph.degree must hold the row sums of value (D_i = sum_j "
+                             f"a_ij), but degree[{i}] = {float(self.degree[i]):g} and row {i} "
+                             f"sums to {float(row_sums[i]):g}: build the graph with "
+                             f"dignn_kernels.build_graph")
+        if self.symmetric and not _is_symmetric(*_coalesce(rows, cols, self.value, n), n):
+            raise ValueError("CSRGraph.symmetric is True but the graph is not symmetric (some "
+                             "a_ij != a_ji): pass symmetric=False, so that the kernels use its "
+                             "transposed CSR, or build the graph with dignn_kernels.build_graph")
+        if (self.order is None) != (self.position is None):
+            raise ValueError("CSRGraph.order and CSRGraph.position go together: pass both "
+                             "(inverse permutations of the nodes) or neither")
+        if self.order is not None:
+            for name, t in (("order", self.order), ("position", self.position)):
+                if not (isinstance(t, Tensor) and list(t.shape) == [n] and t.dtype == torch.int64
+                        and t.device == device):
+                    raise ValueError(f"CSRGraph.{name} must be an int64 tensor of shape [{n}] "
+                                     f"on {device}")
+            in_range = all(bool(((t >= 0) & (t < n)).all()) for t in (self.order,
+                                                                       self.position))
+            if n and not (in_range and torch.equal(self.position[self.order],
+                                                   torch.arange(n, device=device))):
+                raise ValueError("CSRGraph.order and CSRGraph.position must be inverse "
+                                 "permutations of 0..num_nodes-1 (position[order[k]] == k)")
 
     def transposed(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
         """(t_rowptr, t_col, t_perm) for graphs that are not symmetric, else None: on a

@@ -19,6 +19,7 @@ from dignn_kernels import ops, reference
 from dignn_kernels.backends import triton as tb
 from dignn_kernels.graph import CSRGraph, transpose_csr
 from bad_graphs import EPS, MU, N, inputs
+from test_cuda_emulated import emu  # noqa: F401 (the fixture: the CUDA ops' host emulator)
 
 BACKENDS = ["cpu", "torch"] + (["triton"] if tb.available("cpu") else [])
 ERRORS = (RuntimeError, TypeError, ValueError, IndexError)
@@ -614,3 +615,81 @@ def test_random_corruptions(seed):
         step = ops.diffusion_step(graph["rowptr"], graph["col"], a, deg, deg, x, z, MU,
                                   backend=backend)
         assert torch.allclose(step, want_step, rtol=1e-12, atol=1e-12), (kind, backend)
+
+
+def test_hand_made_csr_graph_fields():
+    """A CSRGraph assembled by hand: its check() covers the fields the layer trusts. A directed
+    graph marked symmetric made the kernels read W^T as W (wrong gradients, no error)."""
+    x, ei, _ = __import__("conftest").make_graph("directed", n=10, d=4)
+    g = dk.build_graph(ei, 10)
+    fields = dict(num_nodes=10, rowptr=g.rowptr, col=g.col, value=g.value, degree=g.degree,
+                  symmetric=False)
+    CSRGraph(**fields).check()
+    bad = [(dict(symmetric=True), "symmetric"), (dict(symmetric=1), "symmetric"),
+           (dict(value=g.value[:-1]), "value"), (dict(value=g.value.long()), "value"),
+           (dict(degree=g.degree * 2), "degree"), (dict(degree=None), "degree"),
+           (dict(order=torch.arange(10)), "order"),
+           (dict(order=torch.arange(10), position=torch.arange(10).flip(0)), "order"),
+           (dict(order=torch.arange(10) + 1, position=torch.arange(10)), "order")]
+    for changes, name in bad:
+        graph = CSRGraph(**dict(fields, **changes))
+        assert_names(graph.check, f"CSRGraph.{name}", (ValueError, TypeError))
+        layer = dk.FusedImplicitDiffusion(4, mu=3.0).double()
+        assert_names(lambda: layer(x, CSRGraph(**dict(fields, **changes))), f"CSRGraph.{name}",
+                     (ValueError, TypeError))
+
+
+# ------------------------------------------- the CUDA side, in the kernels' emulator --
+
+@pytest.mark.parametrize("seed", range(0, SEEDS, 2))
+def test_random_corruptions_on_the_device_check(emu, seed):
+    """The GPU version of check_graph (conditions as device ops, one flag read back, then the
+    host check for the message) refuses what the CPU op refuses, with its message, and accepts
+    what it accepts: the transpose's consistency included."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 3 + seed % 5
+    rowptr, col, t = _random_graph(gen, n, 2 * n + 2)
+    changes, name = _corrupt(KINDS[seed % len(KINDS)], gen, rowptr, col, t)
+    graph = dict(rowptr=rowptr, col=col, t_rowptr=t[0], t_col=t[1], t_perm=t[2])
+    graph.update(changes)
+    args = (graph["rowptr"], graph["col"], n, graph["t_rowptr"], graph["t_col"],
+            graph["t_perm"])
+    if name is None:
+        emu.check_graph(*args)
+        torch.ops.dignn.check_graph(*args)
+        return
+    with pytest.raises(RuntimeError) as device:
+        emu.check_graph(*args)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.ops.dignn.check_graph(*args)
+    assert first_line(device.value) == first_line(cpu.value)
+
+
+def test_emulated_scalar_and_shape_checks(emu):
+    """The checks the CUDA ops share with the CPU ones (csrc/ops/checks.h), in the emulated
+    build: eps, mu and tol finite, eps checked by the gradient pass, a short rowptr named by
+    the row product."""
+    s = inputs()
+    t = (s.t_rowptr, s.t_col, s.t_perm)
+    for value in (math.inf, math.nan, 0.0):
+        with pytest.raises(RuntimeError, match="eps must be > 0 and finite"):
+            emu.neural_weight_grad(s.rowptr, s.col, s.a, s.p, s.q, s.z, s.v, value, *t)
+        with pytest.raises(RuntimeError, match="mu must be > 0 and finite"):
+            emu.implicit_diffusion(s.rowptr, s.col, s.a, s.x, s.chi, s.p, s.q, None, value,
+                                   EPS, 3, 0.0, *t, None)
+        with pytest.raises(RuntimeError, match="eps must be > 0 and finite"):
+            emu.implicit_diffusion_backward(s.rowptr, s.col, s.a, s.w, s.kappa, *t, s.x, s.chi,
+                                            s.p, s.q, s.z, s.z, MU, value, 3, 0.0, None)
+    with pytest.raises(RuntimeError, match="tol must be >= 0 and finite"):
+        emu.implicit_diffusion(s.rowptr, s.col, s.a, s.x, s.chi, s.p, s.q, None, MU, EPS, 3,
+                               math.inf, *t, None)
+    with pytest.raises(RuntimeError, match="tol must be >= 0 and finite"):
+        emu.implicit_diffusion_backward(s.rowptr, s.col, s.a, s.w, s.kappa, *t, s.x, s.chi,
+                                        s.p, s.q, s.z, s.z, MU, EPS, 3, math.nan, None)
+    with pytest.raises(RuntimeError, match="p and q go together"):
+        emu.implicit_diffusion_backward(s.rowptr, s.col, s.a, s.w, s.kappa, *t, s.x, s.chi,
+                                        s.p, None, s.z, s.z, MU, EPS, 3, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"^rowptr has 19 \+ 1 entries for 19 rows but y"):
+        emu.row_product(s.rowptr[:-1], s.col, s.w, s.cy, s.rs, emu.csr_schedule(s.rowptr,
+                                                                                s.col),
+                        s.z, torch.empty_like(s.z), _done(s))
