@@ -160,15 +160,16 @@ def test_graph_level_files(tmp_path, how):
         torch.save(graphs, path)
     else:
         torch.save(TinyGraphs(graphs), path)  # needs unpickling
-    ds = load_user_file(path, num_splits=4)
+    ds = load_user_file(path, num_splits=4, allow_pickle=how == "dataset_object")
     assert isinstance(ds, GraphDataset) and ds.name == "tiny"
     assert (len(ds.graphs), ds.num_features, ds.num_classes, len(ds.splits)) == (12, 3, 2, 4)
     for s in ds.splits:  # folds partition the graphs, each class in each fold
         assert sorted(torch.cat([s.train, s.val, s.test]).tolist()) == list(range(12))
         assert set(torch.cat([ds.graphs[int(i)].y for i in s.test]).tolist()) == {0, 1}
     if how == "dataset_object":
-        with pytest.raises(UserDataError, match="needs unpickling.*TinyGraphs"):
-            load_user_file(path, allow_pickle=False)
+        with pytest.raises(UserDataError, match="needs unpickling.*TinyGraphs.*"
+                                                "--trust-pickle.*allow_pickle=True"):
+            load_user_file(path)  # unpickling is opt-in
 
 
 def test_cli_graph_level(tmp_path, capsys):
@@ -209,7 +210,7 @@ def test_class_that_cannot_be_imported(tmp_path, monkeypatch):
     torch.save(Gone(tiny_graphs()), path)
     monkeypatch.delitem(sys.modules, "vanishing_module")
     with pytest.raises(UserDataError, match="pickles a class that cannot be imported"):
-        load_user_file(path)
+        load_user_file(path, allow_pickle=True)
 
 
 # --- splits --------------------------------------------------------------------------------

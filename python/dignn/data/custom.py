@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
@@ -39,6 +40,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..files import archive_damage, describe_load_error
 from .core import GraphDataset, NodeDataset, Split, random_splits, stratified_folds
 
 __all__ = ["UserDataError", "from_pyg", "load_user_file"]
@@ -208,7 +210,17 @@ def _num_classes(y: Tensor, what: str, items: str) -> int:
     if classes.numel() < 2:
         raise UserDataError(f"{what}'s labeled {items} are all of class {int(classes[0])}; "
                             f"classification needs at least two classes")
-    return int(labeled.max()) + 1
+    num_classes = int(labeled.max()) + 1
+    # The model gets one output per class id up to the largest: ids far beyond the number
+    # of labeled items are not class ids 0..C-1 (raw ids, hashes), and would size the
+    # output layer by them.
+    if num_classes > labeled.numel():
+        raise UserDataError(
+            f"{what}'s 'y' holds class id {num_classes - 1} but only {labeled.numel()} "
+            f"{items} are labeled ({classes.numel()} distinct classes); labels must be class "
+            f"ids 0..C-1 with C at most the number of labeled {items}: renumber them, e.g. "
+            f"y[y >= 0] = torch.unique(y[y >= 0], return_inverse=True)[1]")
+    return num_classes
 
 
 def _mask_splits(data, y: Tensor, what: str) -> Optional[List[Split]]:
@@ -415,44 +427,61 @@ def _safe_globals() -> list:
     return [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, NodeStorage, EdgeStorage]
 
 
+# How to opt in to unpickling a dataset file (which runs any code the file names).
+_OPT_IN = ("pass --trust-pickle (dignn train/sweep) or allow_pickle=True (load_user_file, "
+           "train_graph_data)")
+TRUST_PICKLE_HINT = f"only if you trust this file (unpickling runs any code it names), {_OPT_IN}"
+
+
 def load_user_file(path: Union[str, os.PathLike], name: Optional[str] = None,
                    split_ratio: Optional[Sequence[float]] = None, num_splits: int = 10,
-                   seed: int = 0, allow_pickle: bool = True
+                   seed: int = 0, allow_pickle: bool = False
                    ) -> Union[NodeDataset, GraphDataset]:
     """Reads a file written by ``torch.save`` and passes what it holds to :func:`from_pyg`
     (``name`` defaults to the file's stem).
 
-    The file is first read with ``torch.load(weights_only=True)``, allowing PyG's ``Data``
+    The file is read with ``torch.load(weights_only=True)``, allowing PyG's ``Data``
     classes: that covers ``torch.save(data, path)``, a list of ``Data``, a dict of tensors
     and PyG's ``InMemoryDataset.save(list_of_data, path)``, and runs no code from the file.
-    A whole dataset object (``torch.save(dataset, path)``) pickles its class and does not load
-    that way; then, with ``allow_pickle`` (the default), the file is **unpickled**
-    (``weights_only=False``), which can run arbitrary code: only load files you trust.
-    ``allow_pickle=False`` refuses such files instead."""
+    Anything else (a whole dataset object, ``torch.save(dataset, path)``, which pickles its
+    class; a ``Data`` holding other objects) is refused with :class:`UserDataError`, unless
+    ``allow_pickle=True`` (the CLI's ``--trust-pickle``): then the file is **unpickled**
+    (``weights_only=False``), which can run arbitrary code: only for files you trust."""
     path = Path(path).expanduser()
     if not path.is_file():
         where = "is a folder" if path.is_dir() else "does not exist"
         raise UserDataError(f"dataset file {str(path)!r} {where}; pass the path of a file "
                             f"written by torch.save(data, path), or a dataset name")
     name = name or path.stem
+    if path.stat().st_size == 0:
+        raise UserDataError(f"dataset file {str(path)!r} is empty (0 bytes): not a file "
+                            f"written by torch.save; save the graph again")
+    damage = archive_damage(path, required=False)
+    if damage is not None:
+        raise UserDataError(f"dataset file {str(path)!r} is damaged: {damage}; save the "
+                            f"graph again (or copy it again)")
     try:
         with torch.serialization.safe_globals(_safe_globals()):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as safe_error:  # noqa: BLE001 - any failure: explained below
-        restricted = "Weights only load failed" in str(safe_error)
-        if not restricted:
+        text = str(safe_error)
+        first = (text.splitlines() or [""])[0][:200]
+        if "Weights only load failed" not in text:
             raise UserDataError(f"{str(path)!r} is not a file written by torch.save "
-                                f"({type(safe_error).__name__}: "
-                                f"{str(safe_error).splitlines()[0][:200]})") from None
-        unsupported = [line.strip() for line in str(safe_error).splitlines()
-                       if "Unsupported global" in line]
-        if not allow_pickle:
-            why = unsupported[0][:160] if unsupported else "not a weights-only file"
+                                f"({type(safe_error).__name__}: {first})") from None
+        unsupported = re.findall(r"GLOBAL ([\w.]+)", text)
+        if not allow_pickle and not unsupported:  # garbage, or a pickle of odd opcodes
             raise UserDataError(
-                f"{str(path)!r} needs unpickling to load ({why}); "
-                f"re-save the graphs with torch.save(data, path) or "
-                f"InMemoryDataset.save(list(dataset), path), or allow unpickling of this "
-                f"trusted file") from None
+                f"{str(path)!r} is not a file written by torch.save of PyG data "
+                f"({describe_load_error(safe_error)}); save the graph with "
+                f"torch.save(data, path), or, if it is a pickle you trust, "
+                f"{_OPT_IN}") from None
+        if not allow_pickle:
+            raise UserDataError(
+                f"{str(path)!r} needs unpickling to load (it pickles "
+                f"{unsupported[0][:120]}); re-save the graphs as plain PyG data with "
+                f"torch.save(data, path) or InMemoryDataset.save(list(dataset), path), or, "
+                f"{TRUST_PICKLE_HINT}") from None
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
         except (ImportError, AttributeError) as err:
@@ -464,7 +493,7 @@ def load_user_file(path: Union[str, os.PathLike], name: Optional[str] = None,
             what = ("is not a file written by torch.save" if isinstance(
                 err, pickle.UnpicklingError) else "could not be read by torch.load")
             raise UserDataError(f"{str(path)!r} {what} ({type(err).__name__}: "
-                                f"{str(err)[:200]})") from None
+                                f"{' '.join(str(err).split())[:200]})") from None
     try:
         return from_pyg(obj, name=name, split_ratio=split_ratio, num_splits=num_splits,
                         seed=seed)
