@@ -222,25 +222,44 @@ class GraphPartition:
         }
 
     # ------------------------------------------------------------------ storage --
-    def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes the partition to ``path`` (torch.save; :meth:`load` reads it back)."""
-        torch.save({"format": _FORMAT, "num_nodes": self.num_nodes, "parts": self.parts,
-                    "method": self.method, "symmetric": self.symmetric,
-                    "seconds": self.seconds, "assignment": self.assignment,
-                    "pieces": self.pieces}, os.fspath(path))
+    def save(self, path) -> None:
+        """Writes the partition to ``path`` (a file path or a binary file object, as
+        torch.save takes; :meth:`load` reads it back)."""
+        crc = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(True)  # load compares them
+        try:
+            torch.save({"format": _FORMAT, "num_nodes": self.num_nodes, "parts": self.parts,
+                        "method": self.method, "symmetric": self.symmetric,
+                        "seconds": self.seconds, "assignment": self.assignment,
+                        "pieces": self.pieces},
+                       path if hasattr(path, "write") else os.fspath(path))
+        finally:
+            torch.serialization.set_crc32_options(crc)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "GraphPartition":
         """A partition written by :meth:`save`. The file is memory-mapped, so that a rank
-        reads only its own piece of a large graph."""
+        reads only its own piece of a large graph; every field's type and shape is checked
+        (and the counts' sums), so that a damaged or foreign file is refused with a
+        ``ValueError`` naming it rather than failing later."""
         path = os.fspath(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"no partition file at {path!r}; write one with "
                                     f"partition(...).save(path)")
-        data = torch.load(path, mmap=True, weights_only=True)
+        if os.path.isdir(path):
+            raise ValueError(f"the partition file {path!r} is a folder; give the path of a "
+                             f"file written by GraphPartition.save")
+        damage = _archive_damage(path)
+        if damage is not None:
+            raise _bad_file(path, damage)
+        try:
+            data = torch.load(path, mmap=True, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - truncated, damaged, foreign: all refused
+            raise _bad_file(path, f"it cannot be read ({_load_error(err)})") from None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"{path!r} is not a partition written by GraphPartition.save "
                              f"(format {_FORMAT}); partition the graph again and save it")
+        _check_stored(path, data)
         return cls(data["num_nodes"], data["parts"], data["method"], data["assignment"],
                    data["symmetric"], data["pieces"], data["seconds"])
 
@@ -269,6 +288,108 @@ def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
     pieces = _pieces(graph, assignment, parts)
     return GraphPartition(graph.num_nodes, parts, method, assignment, graph.symmetric, pieces,
                           time.perf_counter() - began)
+
+
+def _bad_file(path: str, why: str) -> ValueError:
+    return ValueError(f"the partition file {path!r} cannot be used: {why}; it is damaged (a "
+                      f"truncated or altered file) or not written by GraphPartition.save: "
+                      f"partition the graph again and save it (or remove the file)")
+
+
+def _archive_damage(path: str) -> Optional[str]:
+    """Why the archive at ``path`` is damaged, or None: every record is compared with the
+    CRC-32 torch.save wrote (torch.load does not compare them, so a flipped bit would load as
+    a wrong node id or edge value). Unchecked when written without checksums."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if any(r.CRC == 0 and r.file_size > 0 for r in archive.infolist()):
+                return None
+            bad = archive.testzip()
+    except zipfile.BadZipFile as err:
+        return f"it is not a torch.save archive ({err})"
+    except (OSError, EOFError, RuntimeError, ValueError) as err:
+        return f"it cannot be read whole ({type(err).__name__}: {err})"
+    return None if bad is None else f"its record {bad!r} does not match its checksum"
+
+
+def _load_error(err: BaseException) -> str:
+    """torch.load's failure in one short line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if "Weights only load failed" in str(err):
+        detail = [line for line in lines[1:] if not line.startswith(("Please file",
+                                                                     "Check the doc"))]
+        return ("it holds something other than tensors and plain values" +
+                (f": {detail[0].rstrip('.')[:120]}" if detail else ""))
+    return f"{type(err).__name__}: {(lines or [''])[0].split('. ')[0][:160]}"
+
+
+_INDEX_KEYS = ("owned", "halo", "rowptr", "send_index", "send_counts", "recv_counts")
+
+
+def _check_stored(path: str, data: dict) -> None:
+    """Refuses a stored partition whose fields are not of the types and shapes
+    :meth:`GraphPartition.save` writes (reading only metadata, the assignment and the
+    counts, not the pieces' edges)."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    missing = [k for k in ("num_nodes", "parts", "method", "symmetric", "seconds",
+                           "assignment", "pieces") if k not in data]
+    if missing:
+        raise _bad_file(path, f"it lacks {', '.join(missing)}")
+    n, parts = data["num_nodes"], data["parts"]
+    if not is_int(n) or n < 0:
+        raise _bad_file(path, f"num_nodes is {n!r}, not an integer >= 0")
+    if not is_int(parts) or parts < 1:
+        raise _bad_file(path, f"parts is {parts!r}, not an integer >= 1")
+    if not isinstance(data["method"], str) or not isinstance(data["symmetric"], bool) or \
+            not isinstance(data["seconds"], (int, float)) or isinstance(data["seconds"], bool):
+        raise _bad_file(path, "method, symmetric and seconds must be a string, a bool and a "
+                              "number")
+    assignment = data["assignment"]
+    if not isinstance(assignment, Tensor) or assignment.dim() != 1 or \
+            assignment.numel() != n or assignment.dtype != torch.int64:
+        got = (f"{assignment.dtype} {list(assignment.shape)}" if isinstance(assignment, Tensor)
+               else type(assignment).__name__)
+        raise _bad_file(path, f"the assignment is {got}, not int64 [{n}]")
+    if n and (int(assignment.min()) < 0 or int(assignment.max()) >= parts):
+        raise _bad_file(path, f"the assignment holds ranks outside 0..{parts - 1}")
+    pieces = data["pieces"]
+    if not isinstance(pieces, list) or len(pieces) != parts:
+        got = len(pieces) if isinstance(pieces, list) else type(pieces).__name__
+        raise _bad_file(path, f"it must hold {parts} pieces (one per part), got {got}")
+    owned_total = 0
+    for r, piece in enumerate(pieces):
+        if not isinstance(piece, dict) or set(piece) != set(_PIECE_KEYS) or \
+                not all(isinstance(v, Tensor) and v.dim() == 1 for v in piece.values()):
+            raise _bad_file(path, f"piece {r} must map {', '.join(_PIECE_KEYS)} to 1-D "
+                                  f"tensors")
+        wrong = [k for k in _INDEX_KEYS if piece[k].dtype != torch.int64]
+        if piece["col"].dtype not in (torch.int32, torch.int64):
+            wrong.append("col")
+        wrong += [k for k in ("value", "degree") if not piece[k].is_floating_point()]
+        if wrong:
+            raise _bad_file(path, f"piece {r} has {', '.join(wrong)} of the wrong dtype")
+        n_own, n_halo = piece["owned"].numel(), piece["halo"].numel()
+        sizes = {"rowptr": n_own + n_halo + 1, "value": piece["col"].numel(),
+                 "degree": n_own + n_halo, "send_counts": parts, "recv_counts": parts}
+        bad = [f"{k} has {piece[k].numel()} entries, not {v}" for k, v in sizes.items()
+               if piece[k].numel() != v]
+        if not bad and int(piece["rowptr"][-1]) != piece["col"].numel():
+            bad.append(f"rowptr ends at {int(piece['rowptr'][-1])}, not at its "
+                       f"{piece['col'].numel()} entries")
+        if not bad and int(piece["recv_counts"].sum()) != n_halo:
+            bad.append(f"recv_counts sum to {int(piece['recv_counts'].sum())}, not its "
+                       f"{n_halo} halo nodes")
+        if not bad and int(piece["send_counts"].sum()) != piece["send_index"].numel():
+            bad.append(f"send_counts sum to {int(piece['send_counts'].sum())}, not its "
+                       f"{piece['send_index'].numel()} sent rows")
+        if bad:
+            raise _bad_file(path, f"piece {r}: {'; '.join(bad)}")
+        owned_total += n_own
+    if owned_total != n:
+        raise _bad_file(path, f"its pieces own {owned_total} nodes, not {n}")
 
 
 # ----------------------------------------------------------------------- helpers --
@@ -306,44 +427,79 @@ def _check_assignment(assignment, num_nodes: int, parts: int) -> Tensor:
 
 
 def _pieces(graph: CSRGraph, assignment: Tensor, parts: int) -> List[Dict[str, Tensor]]:
-    n = graph.num_nodes
+    """Every rank's piece, in O(n + m log m + k * parts) for k ranks that own nodes: the
+    ranks are handled all at once by sorting (a loop over pairs of ranks would take parts^2
+    steps even on a tiny graph). Every rank that owns nodes has a count per peer (what
+    all_to_all takes); the ranks that own none share one set of empty tensors (read only)."""
+    n, m = graph.num_nodes, graph.num_edges
     rowptr, col, value = graph.rowptr, graph.col.long(), graph.value
-    local_id = torch.full((n,), -1, dtype=torch.int64)
-    owned_of = [torch.nonzero(assignment == r).flatten() for r in range(parts)]
+    owned_count = torch.bincount(assignment, minlength=parts)
+    order = torch.argsort(assignment, stable=True)  # owned nodes by rank, ids ascending
+    owned_start = torch.cumsum(owned_count, 0) - owned_count
+    pos_in_owner = torch.empty(n, dtype=torch.int64)  # a node's position among its owner's
+    pos_in_owner[order] = torch.arange(n) - owned_start[assignment[order]]
+    # the CSR entries grouped by the rank that owns their row, rows in owned order
+    row_len = rowptr[1:] - rowptr[:-1]
+    entries = _segments(rowptr, order)
+    entry_count = torch.bincount(assignment, weights=row_len.double(),
+                                 minlength=parts).long() if n else owned_count
+    reader = torch.repeat_interleave(assignment[order], row_len[order], output_size=m)
+    cols = col[entries]
+    owner = assignment[cols]
+    remote = reader != owner
+    # the halo: (reader, node) pairs of remote entries, ordered by reader, owner, node id
+    pair, inverse = torch.unique(reader[remote] * max(n, 1) + cols[remote],
+                                 return_inverse=True)
+    halo_reader, halo_node = pair // max(n, 1), pair % max(n, 1)
+    halo_owner = assignment[halo_node]
+    by_owner = torch.argsort(halo_reader * parts + halo_owner, stable=True)
+    halo_reader, halo_node, halo_owner = (halo_reader[by_owner], halo_node[by_owner],
+                                          halo_owner[by_owner])
+    halo_count = torch.bincount(halo_reader, minlength=parts)
+    halo_start = torch.cumsum(halo_count, 0) - halo_count
+    slot = torch.empty_like(by_owner)  # a pair's position in the sorted halo list
+    slot[by_owner] = torch.arange(by_owner.numel())
+    # local ids: owned nodes first (their position), then the halo (n_own + its position)
+    local = pos_in_owner[cols]
+    remote_reader = reader[remote]
+    local[remote] = owned_count[remote_reader] + slot[inverse] - halo_start[remote_reader]
+    # send plans: rank s sends, for each r ascending, the rows of r's halo it owns, in r's
+    # halo order (the pairs sorted by owner, then reader, then node id)
+    by_sender = torch.argsort(halo_owner, stable=True)
+    send_index_all = pos_in_owner[halo_node[by_sender]]
+    send_reader = halo_reader[by_sender]
+    send_count = torch.bincount(halo_owner, minlength=parts)
+
+    empty = torch.zeros(0, dtype=torch.int64)
+    zeros = torch.zeros(parts, dtype=torch.int64)
+    idle = {"owned": empty, "halo": empty, "rowptr": torch.zeros(1, dtype=torch.int64),
+            "col": torch.zeros(0, dtype=torch.int32), "value": value.new_zeros(0),
+            "degree": graph.degree.new_zeros(0), "recv_counts": zeros, "send_index": empty,
+            "send_counts": zeros}
+    bounds = {name: torch.cumsum(count, 0).tolist() for name, count in (
+        ("owned", owned_count), ("entries", entry_count), ("halo", halo_count),
+        ("send", send_count))}
+    busy = set(torch.nonzero(owned_count).flatten().tolist())
     pieces = []
     for r in range(parts):
-        owned = owned_of[r]
-        pos = _segments(rowptr, owned)
-        cols = col[pos]
-        remote = cols[assignment[cols] != r]
-        halo = torch.unique(remote)
-        halo = halo[torch.argsort(assignment[halo] * max(n, 1) + halo)]
+        if r not in busy:
+            pieces.append(dict(idle))
+            continue
+        o1, e1, h1, s1 = (bounds[k][r] for k in ("owned", "entries", "halo", "send"))
+        o0, e0 = o1 - int(owned_count[r]), e1 - int(entry_count[r])
+        h0, s0 = h1 - int(halo_count[r]), s1 - int(send_count[r])
+        owned, halo = order[o0:o1], halo_node[h0:h1]
         n_own, n_halo = owned.numel(), halo.numel()
-        local_id[owned] = torch.arange(n_own)
-        local_id[halo] = torch.arange(n_own, n_own + n_halo)
-        counts = rowptr[owned + 1] - rowptr[owned]
         local_rowptr = torch.zeros(n_own + n_halo + 1, dtype=torch.int64)
-        torch.cumsum(counts, 0, out=local_rowptr[1:n_own + 1])
+        torch.cumsum(row_len[owned], 0, out=local_rowptr[1:n_own + 1])
         local_rowptr[n_own + 1:] = local_rowptr[n_own]
         index_dtype = torch.int32 if n_own + n_halo < 2**31 - 1 else torch.int64
         pieces.append({
-            "owned": owned, "halo": halo, "rowptr": local_rowptr,
-            "col": local_id[cols].to(index_dtype), "value": value[pos].clone(),
-            "degree": graph.degree[torch.cat([owned, halo])].clone(),
-            "recv_counts": torch.bincount(assignment[halo], minlength=parts),
+            "owned": owned.clone(), "halo": halo.clone(), "rowptr": local_rowptr,
+            "col": local[e0:e1].to(index_dtype, copy=True), "value": value[entries[e0:e1]],
+            "degree": graph.degree[torch.cat([owned, halo])],
+            "recv_counts": torch.bincount(halo_owner[h0:h1], minlength=parts),
+            "send_index": send_index_all[s0:s1].clone(),
+            "send_counts": torch.bincount(send_reader[s0:s1], minlength=parts),
         })
-        local_id[owned] = -1
-        local_id[halo] = -1
-    # rank s sends to r the rows of r's halo that s owns (one block of it: the halo is sorted
-    # by owner), in r's halo order
-    offsets = [torch.cumsum(p["recv_counts"], 0).tolist() for p in pieces]
-    for s in range(parts):
-        index, counts = [], []
-        for r in range(parts):
-            hi = offsets[r][s]
-            wanted = pieces[r]["halo"][hi - int(pieces[r]["recv_counts"][s]):hi]
-            index.append(torch.searchsorted(owned_of[s], wanted))
-            counts.append(wanted.numel())
-        pieces[s]["send_index"] = torch.cat(index) if index else torch.zeros(0, dtype=torch.int64)
-        pieces[s]["send_counts"] = torch.tensor(counts, dtype=torch.int64)
     return pieces
