@@ -58,6 +58,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# Each split trains a model: more than this is a typo (or an attempt to exhaust memory).
+MAX_SPLITS = 1000
+
+
+def _num_splits(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_SPLITS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SPLITS} splits (each trains "
+                                         f"a model), got {text!r}")
+    return value
+
+
+def _threads(text: str) -> int:
+    from .catalog import MAX_THREADS_PER_CORE, usable_cores
+    value, cores = _positive_int(text), usable_cores()
+    if value > MAX_THREADS_PER_CORE * cores:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_THREADS_PER_CORE * cores} threads ({MAX_THREADS_PER_CORE} "
+            f"per core; this process may use {cores} cores), got {text!r}")
+    return value
+
+
 def _dataset_arg(text: str) -> str:
     """A known dataset name (lower-cased) or the path of an existing file (kept as given)."""
     from .catalog import DATASETS
@@ -92,7 +114,7 @@ def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
     """Where and how a run executes: device, threads, compilation, progress."""
     from .catalog import DEVICE_HELP
     p.add_argument("--device", default="auto", metavar="DEV", help=DEVICE_HELP)
-    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--threads", type=_threads, default=None, metavar="N",
                    help="torch CPU threads (default: 1 for small graphs, where more threads "
                         "only wait on each other, else every core this process may use)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
@@ -159,15 +181,21 @@ def build_parser() -> argparse.ArgumentParser:
                         f"splits from its train/val/test masks or --split-ratio) or an "
                         f"InMemoryDataset / list of Data with one label per graph (graph "
                         f"classification); such a file trains with the generic user-data "
-                        f"preset and, if it is not plain PyG data, is unpickled: use trusted "
-                        f"files only")
+                        f"preset and is read without running code from it "
+                        f"(torch.load(weights_only=True)); see --trust-pickle")
+    t.add_argument("--trust-pickle", action="store_true",
+                   help="--dataset FILE: also read a file that only full unpickling loads "
+                        "(e.g. torch.save(dataset) of a dataset class); unpickling runs code "
+                        "the file names: only for files you trust (Python: "
+                        "load_user_file(..., allow_pickle=True))")
     t.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
                    help="dataset file without masks: seeded random splits with these shares "
                         "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2")
-    t.add_argument("--num-splits", type=_positive_int, default=None, metavar="N",
+    t.add_argument("--num-splits", type=_num_splits, default=None, metavar="N",
                    help="dataset file: the number of --split-ratio splits or of "
                         "cross-validation folds of graphs (default 10); csbm and "
-                        "penn94-synthetic: the number of generated splits")
+                        "penn94-synthetic: the number of generated splits (at most "
+                        f"{MAX_SPLITS})")
     _add_data_args(t)
     t.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
                    help="the implicit layer's Laplacian: neural (the learnable graph neural "
@@ -382,9 +410,9 @@ def _write_record(args, record: dict, preset: str, seconds: float, device) -> No
     record.update(preset=preset, wall_seconds=round(seconds, 2),
                   command="dignn " + shlex.join(args.argv),
                   **peak_memory(device, getattr(args, "training_memory", None)))
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    from .files import write_atomically
+    text = (json.dumps(record, indent=2) + "\n").encode()
+    write_atomically(Path(args.json).expanduser(), lambda f: f.write(text))
 
 
 def _set_threads(args, work: int) -> str:
@@ -422,7 +450,11 @@ def _load(args):
     from .data import load_dataset, load_user_file
     if args.dataset not in DATASETS:
         return load_user_file(args.dataset, split_ratio=args.split_ratio,
-                              num_splits=args.num_splits or 10)
+                              num_splits=args.num_splits or 10,
+                              allow_pickle=args.trust_pickle)
+    if args.trust_pickle:
+        raise ValueError(f"--trust-pickle applies to a dataset file (--dataset FILE); "
+                         f"{args.dataset} is read by its own loader")
     generated = args.dataset in ("csbm", "penn94-synthetic")
     if args.split_ratio is not None or (args.num_splits and not generated):
         raise ValueError(f"--split-ratio{'' if generated else ' and --num-splits'} apply to "
@@ -435,13 +467,34 @@ def _load(args):
 def _checkpointing(args, write: bool = True):
     """The :class:`~dignn.training.Checkpointing` of ``--checkpoint``, ``--checkpoint-every``
     and ``--resume`` (None without ``--checkpoint``)."""
+    from .files import check_writable
     from .training import Checkpointing
     if args.checkpoint is None:
         if args.resume or args.checkpoint_every is not None:
             raise ValueError("--resume and --checkpoint-every need --checkpoint PATH (the "
                              "checkpoint file)")
         return None
+    if write:
+        check_writable(args.checkpoint, "--checkpoint", "run.ckpt")
+    if args.resume and not Path(args.checkpoint).expanduser().is_file():
+        raise ValueError(f"--resume: no checkpoint file at --checkpoint {args.checkpoint!r}; "
+                         f"start without --resume to write one there")
     return Checkpointing(args.checkpoint, args.checkpoint_every or 10, args.resume, write)
+
+
+def _check_outputs(args, write: bool = True) -> None:
+    """Refuses, before any data is read, the output paths (--json, plot's --out) that could
+    not be written, so that a long run does not fail at its end."""
+    from .files import check_writable
+    if not write:
+        return
+    if getattr(args, "json", None) is not None:
+        check_writable(args.json, "--json", "run.json")
+    if getattr(args, "out", None) is not None:
+        check_writable(args.out, "--out", "figure.png")
+    partition_file = getattr(args, "partition_file", None)
+    if partition_file is not None and not Path(partition_file).expanduser().is_file():
+        check_writable(partition_file, "--partition-file", "graph.part")
 
 
 def _train(args) -> int:
@@ -465,16 +518,19 @@ def _train(args) -> int:
         print(f"dignn train: error: rank {rank} of {world}: {err}", file=sys.stderr,
               flush=True)
         os._exit(1)  # the process group's teardown could wait on the dead peer
+    except BaseException:  # a bad input: main says it, after the group is taken down
+        dist.destroy_process_group()
+        raise
     dist.destroy_process_group()
     return code
 
 
 def _train_run(args, distributed=None) -> int:
     """``dignn train`` in one process, or (``distributed``: (rank, world size, device)) on
-    one rank of a distributed run, where rank 0 alone prints and writes."""
-    from .data import DatasetUnavailableError
+    one rank of a distributed run, where rank 0 alone prints and writes. A bad input raises
+    (:func:`main` says it in one line)."""
     from .device import describe_device
-    from .presets import preset_config
+    from .presets import check_training_numbers, preset_config
     from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
     from .training import train
     rank = 0 if distributed is None else distributed[0]
@@ -490,20 +546,17 @@ def _train_run(args, distributed=None) -> int:
             return 2
     else:
         device = distributed[2]
-    try:
-        checkpoint = _checkpointing(args, write=not quiet)
-        key, preset_name = _preset_of(args)
-        config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
-        check_protocol_config(args.protocol, config)
-        start = time.perf_counter()
-        dataset = apply_protocol(_load_in_turn(args, distributed), args.protocol)
-        fit = None
-        if distributed is not None:
-            fit = _distributed_fit(args, dataset, config, distributed)
-    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError,
-            ImportError) as err:
-        print(f"dignn train: error: {err}", file=sys.stderr)
-        return 2
+    _check_outputs(args, write=not quiet)
+    checkpoint = _checkpointing(args, write=not quiet)
+    key, preset_name = _preset_of(args)
+    config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
+    check_training_numbers(config)
+    check_protocol_config(args.protocol, config)
+    start = time.perf_counter()
+    dataset = apply_protocol(_load_in_turn(args, distributed), args.protocol)
+    fit = None
+    if distributed is not None:
+        fit = _distributed_fit(args, dataset, config, distributed)
     if _backend_error(config, device):
         print(f"dignn train: error: {_backend_error(config, device)}", file=sys.stderr)
         return 2
@@ -532,13 +585,9 @@ def _train_run(args, distributed=None) -> int:
               f"{r.ms_per_epoch:.2f} ms/epoch, lambda_max {r.lambda_max_start:.3g} -> "
               f"{r.lambda_max_end:.3g}, mu {config.mu:g})", flush=True)
     args.training_memory = _start_training_memory()
-    try:
-        run = train(dataset, config, args.splits, progress=args.progress and not quiet,
-                    on_split=report, device=device, compile_model=args.compile,
-                    sync_every=args.sync_every, checkpoint=checkpoint, fit=fit)
-    except ValueError as err:
-        print(f"dignn train: error: {err}", file=sys.stderr)
-        return 2
+    run = train(dataset, config, args.splits, progress=args.progress and not quiet,
+                on_split=report, device=device, compile_model=args.compile,
+                sync_every=args.sync_every, checkpoint=checkpoint, fit=fit)
     total = time.perf_counter() - start
     if args.protocol == "gin":
         cv = gin_score(run.splits)
@@ -630,7 +679,6 @@ def _settings_table(result) -> List[str]:
 
 
 def _sweep(args) -> int:
-    from .data import DatasetUnavailableError
     from .device import describe_device
     from .presets import preset_config
     from .protocols import GIN_DESCRIPTION
@@ -639,20 +687,17 @@ def _sweep(args) -> int:
     if device is None:
         return 2
     fixed = _override_values(args)
-    try:
-        if args.grid:
-            settings = sweep.expand_grid(sweep.parse_grid(args.grid), args.max_settings)
-        else:
-            settings = sweep.load_settings(args.settings)
-        sweep.check_settings(settings, args.max_settings,
-                             fixed=[k for k, v in fixed.items() if v is not None])
-        key, preset_name = _preset_of(args)
-        base = preset_config(key, args.laplacian, args.preset, **fixed)
-        start = time.perf_counter()
-        dataset = _load(args)
-    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
-        print(f"dignn sweep: error: {err}", file=sys.stderr)
-        return 2
+    _check_outputs(args)
+    if args.grid:
+        settings = sweep.expand_grid(sweep.parse_grid(args.grid), args.max_settings)
+    else:
+        settings = sweep.load_settings(args.settings)
+    sweep.check_settings(settings, args.max_settings,
+                         fixed=[k for k, v in fixed.items() if v is not None])
+    key, preset_name = _preset_of(args)
+    base = preset_config(key, args.laplacian, args.preset, **fixed)
+    start = time.perf_counter()
+    dataset = _load(args)
     configs = [base.replace(**s) for s in settings]
     for k, config in enumerate(configs):
         if _backend_error(config, device):
@@ -674,14 +719,10 @@ def _sweep(args) -> int:
             f"val acc {100 * s.val_mean:.2f} +- {100 * s.val_std:.2f} %"
         print(f"[{s.index + 1}/{total}] {s.describe()}: {what} ({s.seconds:.1f} s)",
               flush=True)
-    try:
-        result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
-                                 protocol=args.protocol, progress=args.progress,
-                                 on_setting=report, device=device, compile_model=args.compile,
-                                 sync_every=args.sync_every)
-    except ValueError as err:
-        print(f"dignn sweep: error: {err}", file=sys.stderr)
-        return 2
+    result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
+                             protocol=args.protocol, progress=args.progress,
+                             on_setting=report, device=device, compile_model=args.compile,
+                             sync_every=args.sync_every)
     total = time.perf_counter() - start
     print("\n".join(_settings_table(result)))
     best = result.best
@@ -704,53 +745,92 @@ def _sweep(args) -> int:
 
 
 def _plot(args) -> int:
-    from .data import DatasetUnavailableError
     from . import plot
+    from .files import write_atomically
     device = _run_setup(args, "dignn plot")
     if device is None:
         return 2
+    _check_outputs(args)
+
     def threads(work):
         print(f"device {device}, {_set_threads(args, work)}", flush=True)
     run = dict(device=device, progress=args.progress, compile_model=args.compile,
                sync_every=args.sync_every, threads=threads)
-    try:
-        if args.figure == "convergence":
-            names = [n.strip().lower() for n in args.datasets.split(",") if n.strip()]
-            study = plot.convergence_study(names, args.data_root, args.cache_dir, mu=args.mu,
-                                           num_iter=args.max_iter, epochs=args.epochs, **run)
-            path = plot.plot_convergence(study, args.out)
-            for name, row in study.items():
-                print(f"{name}: ||Z_t - Z_t-1||_F from {row['residuals'][0]:.3g} (t=1) to "
-                      f"{row['residuals'][-1]:.3g} (t={len(row['residuals'])}), "
-                      f"lambda_max ~ {row['lambda_max']:.3g}, mu {row['mu']:g}")
-        else:
-            study = plot.mu_study(args.dataset, args.mus, args.data_root, args.cache_dir,
-                                  epochs=args.epochs, max_iter=args.max_iter, **run)
-            path = plot.plot_mu(study, args.out)
-            for i, mu in enumerate(study["mu"]):
-                print(f"mu {mu:g}: residual {study['residual'][i]:.3g}, gap "
-                      f"{study['gap'][i]:.3g}, test acc {100 * study['test_acc'][i]:.2f}%, "
-                      f"lambda_max ~ {study['lambda_max'][i]:.3g}")
-    except (DatasetUnavailableError, FileNotFoundError, ValueError, OSError) as err:
-        print(f"dignn plot: error: {err}", file=sys.stderr)
-        return 2
+    if args.figure == "convergence":
+        names = [n.strip().lower() for n in args.datasets.split(",") if n.strip()]
+        if not names:
+            raise ValueError(f"--datasets names no dataset ({args.datasets!r}); give "
+                             f"comma-separated names such as csbm or cora,chameleon")
+        study = plot.convergence_study(names, args.data_root, args.cache_dir, mu=args.mu,
+                                       num_iter=args.max_iter, epochs=args.epochs, **run)
+        path = plot.plot_convergence(study, args.out)
+        for name, row in study.items():
+            print(f"{name}: ||Z_t - Z_t-1||_F from {row['residuals'][0]:.3g} (t=1) to "
+                  f"{row['residuals'][-1]:.3g} (t={len(row['residuals'])}), "
+                  f"lambda_max ~ {row['lambda_max']:.3g}, mu {row['mu']:g}")
+    else:
+        study = plot.mu_study(args.dataset, args.mus, args.data_root, args.cache_dir,
+                              epochs=args.epochs, max_iter=args.max_iter, **run)
+        path = plot.plot_mu(study, args.out)
+        for i, mu in enumerate(study["mu"]):
+            print(f"mu {mu:g}: residual {study['residual'][i]:.3g}, gap "
+                  f"{study['gap'][i]:.3g}, test acc {100 * study['test_acc'][i]:.2f}%, "
+                  f"lambda_max ~ {study['lambda_max'][i]:.3g}")
     print(f"wrote {path}")
     if args.json:
-        Path(args.json).write_text(json.dumps(study, indent=2) + "\n")
+        text = (json.dumps(study, indent=2) + "\n").encode()
+        write_atomically(Path(args.json).expanduser(), lambda f: f.write(text))
     return 0
 
 
+def _input_error(err: BaseException) -> bool:
+    """Whether ``err`` is about the command's input (a file, a path, a value, a missing
+    package or dataset), said in one line, rather than a fault of dignn, which keeps its
+    traceback."""
+    if isinstance(err, (ValueError, OSError, ImportError)):
+        return True
+    from .data.storage import DatasetUnavailableError
+    return isinstance(err, DatasetUnavailableError) or _out_of_memory(err)
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    import torch
+    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def _error_line(err: BaseException) -> str:
+    """What :func:`main` prints after ``error:``."""
+    if _out_of_memory(err) and not isinstance(err, (ValueError, OSError)):
+        import re
+        asked = re.search(r"allocate ([0-9.]+ ?[KMGTP]?i?B|[0-9]+ bytes)", str(err))
+        return (f"out of memory{f' (an allocation of {asked.group(1)})' if asked else ''}: "
+                f"this graph with these settings needs more memory than this machine has; "
+                f"lower --hidden (or the batch size), or use a machine with more memory")
+    return str(err)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs a ``dignn`` command; returns its exit status (0, or 2 after a bad input, said on
+    stderr as ``dignn <command>: error: <what is wrong and what to do>``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, for --json
     with warnings.catch_warnings():
         _show_warnings()
-        if args.command == "train":
-            return _train(args)
-        if args.command == "sweep":
-            return _sweep(args)
-        return _plot(args)
+        try:
+            if args.command == "train":
+                return _train(args)
+            if args.command == "sweep":
+                return _sweep(args)
+            return _plot(args)
+        except Exception as err:  # noqa: BLE001 - only input errors are caught, see below
+            if not _input_error(err):
+                raise
+            sys.stdout.flush()
+            print(f"dignn {args.command}: error: {_error_line(err)}", file=sys.stderr,
+                  flush=True)
+            return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,11 +2,12 @@
 and a description of the machine for the printed summary and the JSON record."""
 from __future__ import annotations
 
-import os
 import platform
 from typing import Dict, Optional, Tuple, Union
 
 import torch
+
+from .catalog import MAX_THREADS_PER_CORE, usable_cores
 
 __all__ = ["DeviceUnavailableError", "resolve_device", "describe_device", "choose_threads",
            "synchronize", "SMALL_GRAPH_WORK"]
@@ -88,14 +89,16 @@ def choose_threads(work: int, requested: Optional[int] = None) -> Tuple[int, str
     """The CPU thread count for a run whose sweeps do ``work`` (nodes + edges) x channels,
     and why: ``requested`` when given, 1 for a small graph, else torch's default (the cores
     this process may use)."""
+    cores = usable_cores()
     if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or \
+                not 1 <= requested <= MAX_THREADS_PER_CORE * cores:
+            raise ValueError(f"--threads must be an integer in 1..{MAX_THREADS_PER_CORE * cores} "
+                             f"({MAX_THREADS_PER_CORE} per core; this process may use {cores} "
+                             f"cores), got {requested!r}")
         return requested, "--threads"
     if work < SMALL_GRAPH_WORK:
         return 1, "small graph"
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
     return max(1, min(torch.get_num_threads(), cores)), "the cores available"
 
 

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from .data import NodeDataset
 from .data.core import Split
+from .files import write_atomically
 from .models import NodeShard, adjacency_matrix
 from .presets import TrainConfig
 
@@ -201,10 +202,7 @@ def load_partition(dataset: NodeDataset, parts: int, method: str = "contiguous",
         path = Path(path)
         if rank == 0 and not path.exists():
             part = partition(edge_index, num_nodes, parts, method)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            part.save(temporary)
-            os.replace(temporary, path)
+            write_atomically(path, part.save)
         dist.barrier(group)
         part = GraphPartition.load(path)
         if part.num_nodes != num_nodes or part.parts != parts:

@@ -18,6 +18,7 @@ import torch
 
 from .data import load_dataset
 from .device import resolve_device
+from .files import write_atomically
 from .presets import preset_config
 from .spectral import fixed_point_residuals
 from .training import train_node_split
@@ -52,6 +53,15 @@ def _trained(dataset, config, progress: bool, **run):
     with torch.no_grad():
         h = model.diffusion_input(dataset.x, dataset.edge_index)
     return result, model, h
+
+
+def _save(fig, plt, path) -> Path:
+    """Writes ``fig`` as a PNG to ``path`` whole or not at all (a temporary renamed)."""
+    try:
+        return write_atomically(Path(path).expanduser(),
+                                lambda f: fig.savefig(f, format="png", dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def convergence_study(datasets: Sequence[str] = ("csbm",), data_root=None, cache_dir=None,
@@ -113,11 +123,7 @@ def plot_convergence(study: Dict[str, Dict], path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, path)
 
 
 def plot_mu(study: Dict[str, List], path) -> Path:
@@ -137,8 +143,4 @@ def plot_mu(study: Dict[str, List], path) -> Path:
     fig.suptitle(rf"Impact of $\mu$ on DIGNN-$\Delta_\Phi$ ({study['dataset']}, "
                  r"spectrally normalized $\Theta_\chi, \Theta_\phi$)")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, path)

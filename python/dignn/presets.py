@@ -11,11 +11,12 @@ classification datasets, the batch size 128 and sum pooling.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 __all__ = ["TrainConfig", "PAPER_TABLE6_RW", "PAPER_TABLE7_NEURAL", "TUNED_CHANGES",
-           "PRESETS", "preset_config", "USER_DATA"]
+           "PRESETS", "preset_config", "USER_DATA", "check_training_numbers"]
 
 
 @dataclass
@@ -240,3 +241,31 @@ def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned"
             values.update(TUNED_CHANGES[laplacian].get(key, {}).get("values", {}))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig().replace(**values)
+
+
+# torch.manual_seed takes 64 bits; split k trains with seed + k, so a margin is kept.
+_SEED_LIMIT = 2**62
+
+
+def check_training_numbers(config: TrainConfig) -> None:
+    """Refuses the numbers of ``config`` that the training loop and the optimizer use (the
+    model checks its own: mu, hidden, dropout, max_iter, tol, ...) with a ``ValueError``
+    naming the field and its command-line option, before any data is read."""
+    def positive_int(name, value, option):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer ({option}), got {value!r}")
+    positive_int("epochs", config.epochs, "--epochs")
+    positive_int("batch_size", config.batch_size, "--grid batch_size=...")
+    if config.patience is not None:
+        positive_int("patience", config.patience, "--patience")
+    for name, low, bound in (("lr", "> 0", lambda v: v > 0),
+                             ("weight_decay", ">= 0", lambda v: v >= 0)):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or not bound(value):
+            raise ValueError(f"{name} must be a finite number {low} "
+                             f"(--{name.replace('_', '-')}), got {value!r}")
+    seed = config.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or abs(seed) >= _SEED_LIMIT:
+        raise ValueError(f"seed must be an integer of magnitude below 2**62 (--seed), got "
+                         f"{seed!r}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import training
-from .presets import TrainConfig
+from .presets import TrainConfig, check_training_numbers
 from .protocols import (GIN_DESCRIPTION, GinScore, apply_protocol, check_protocol_config,
                         gin_score, mean_std)
 
@@ -155,9 +155,17 @@ def load_settings(path: Union[str, Path]) -> List[Dict]:
     """A settings file: a JSON list of objects of TrainConfig overrides, e.g.
     ``[{"mu": 1.25, "dropout": 0.1}, {"mu": 2.2}]``."""
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"settings file {path}: not valid JSON ({err})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"settings file {path} (--settings) is not UTF-8 text: give a JSON "
+                         f"list of settings such as [{{\"mu\": 1.25}}]") from None
+    except OSError as err:
+        what = "is a folder" if Path(path).expanduser().is_dir() else \
+            f"cannot be read ({err.strerror or err})"
+        raise ValueError(f"settings file {path} (--settings) {what}; give the path of a "
+                         f"JSON file such as [{{\"mu\": 1.25}}, {{\"mu\": 2.2}}]") from None
     if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
         raise ValueError(f"settings file {path}: expected a non-empty JSON list of objects "
                          f"such as [{{\"mu\": 1.25}}, {{\"mu\": 2.2}}]")
@@ -195,17 +203,7 @@ def validate_config(dataset, config: TrainConfig) -> None:
     """Refuses a config that could not train on ``dataset``, before any training: the
     optimizer's and the loop's numbers here, the model's own checks (widths, dropout, mu,
     solver, backend, ...) by building it."""
-    def positive_int(name, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    positive_int("epochs", config.epochs)
-    positive_int("batch_size", config.batch_size)
-    if config.patience is not None:
-        positive_int("patience", config.patience)
-    if not config.lr > 0:
-        raise ValueError(f"lr must be > 0, got {config.lr!r}")
-    if not config.weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
+    check_training_numbers(config)
     training.build_model(dataset, config)
 
 

@@ -48,8 +48,10 @@ from torch import Tensor
 
 from .data import GraphDataset, InductiveDataset, NodeDataset, from_pyg, load_user_file
 from .device import describe_device, resolve_device
+from .files import (archive_damage, describe_load_error, remove_stale_temporaries,
+                    write_atomically)
 from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
-from .presets import TrainConfig
+from .presets import TrainConfig, check_training_numbers
 from .spectral import check_mu
 
 __all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
@@ -237,10 +239,15 @@ class Checkpointing:
     write: bool = True
 
     def __post_init__(self):
-        self.path = Path(self.path)
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise ValueError(f"checkpoint path must be a file path, got {self.path!r}")
+        self.path = Path(self.path).expanduser()
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"checkpoint every must be a positive number of epochs, got "
                              f"{self.every!r}")
+        if self.path.is_dir():
+            raise ValueError(f"checkpoint path {str(self.path)!r} is a folder; give a file "
+                             f"path (--checkpoint), e.g. {str(self.path / 'run.ckpt')!r}")
 
 
 _CHECKPOINT_FORMAT = 1
@@ -274,6 +281,220 @@ def _result_state(result: "SplitResult") -> Dict:
             if f.name != "model"}
 
 
+def _save_with_checksums(state, f) -> None:
+    """torch.save with CRC-32s of every record (whatever torch's global option says), which
+    :func:`~dignn.files.archive_damage` compares when resuming."""
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)
+    try:
+        torch.save(state, f)
+    finally:
+        torch.serialization.set_crc32_options(crc)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]
+
+
+def _damaged(path, why: str) -> ValueError:
+    return ValueError(f"the checkpoint {path} cannot be resumed from: {why}; it is damaged "
+                      f"(a truncated or altered file) or not written by dignn train: start "
+                      f"anew without resume (--resume), or give another checkpoint path "
+                      f"(--checkpoint)")
+
+
+def _plain_equal(a, b) -> bool:
+    """``a == b`` for the plain values of a run's identity (dicts, lists, numbers, strings);
+    False where either holds something else (a tensor, whose == would not be a bool)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_plain_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_plain_equal(x, y) for x, y in zip(a, b))
+    plain = (str, int, float, bool, type(None))
+    return isinstance(a, plain) and isinstance(b, plain) and a == b
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _same_kind(saved, live) -> bool:
+    """Whether an optimizer setting of a checkpoint is of the kind this run's is (a number
+    for a number, a pair of numbers for a pair, ...)."""
+    if _is_number(live) or (isinstance(live, Tensor) and live.dim() == 0):
+        return _is_number(saved) or (isinstance(saved, Tensor) and saved.dim() == 0)
+    if isinstance(live, (list, tuple)):
+        return isinstance(saved, (list, tuple)) and len(saved) == len(live) and \
+            all(_same_kind(a, b) for a, b in zip(saved, live))
+    return type(saved) is type(live)
+
+
+# The fields of a finished split's SplitResult in a checkpoint, and what each must be.
+_RESULT_FIELDS = {
+    "split": _is_int, "best_epoch": _is_int, "epochs_run": _is_int,
+    **{name: _is_number for name in ("test_acc", "val_acc", "seconds", "lambda_max_start",
+                                     "lambda_max_end", "train_acc", "train_loss", "test_loss",
+                                     "test_acc_max", "ms_per_epoch")},
+    **{name: (lambda v: isinstance(v, list) and all(_is_number(x) for x in v))
+       for name in ("val_history", "test_history", "train_loss_history")},
+    "backend": lambda v: v is None or isinstance(v, str),
+    "metric": lambda v: v in _METRIC_KEYS,
+}
+
+
+def _checked_finished(finished, identity: Dict, path) -> List[Dict]:
+    """The finished splits' results of a checkpoint, every field checked."""
+    if not isinstance(finished, list):
+        raise _damaged(path, f"'finished' must be a list of split results, got "
+                             f"{type(finished).__name__}")
+    seen = set()
+    for k, entry in enumerate(finished):
+        if not isinstance(entry, dict) or set(entry) != set(_RESULT_FIELDS):
+            got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise _damaged(path, f"finished split result {k} must have the fields "
+                                 f"{sorted(_RESULT_FIELDS)}, got {got}")
+        bad = [name for name, ok in _RESULT_FIELDS.items() if not ok(entry[name])]
+        if bad:
+            raise _damaged(path, f"finished split result {k} has bad {', '.join(bad)} "
+                                 f"({', '.join(f'{n}={entry[n]!r:.40}' for n in bad)})")
+        if entry["split"] not in identity["splits"] or entry["split"] in seen:
+            raise _damaged(path, f"finished split result {k} is of split {entry['split']}, "
+                                 f"not one of this run's splits {identity['splits']} (or "
+                                 f"listed twice)")
+        if entry["metric"] != TASK_METRICS[identity["task"]]:
+            raise _damaged(path, f"finished split result {k} is scored by "
+                                 f"{entry['metric']!r}, this task by "
+                                 f"{TASK_METRICS[identity['task']]!r}")
+        seen.add(entry["split"])
+    return finished
+
+
+def _checked_current(current, identity: Dict, finished: List[Dict], path) -> Optional[Dict]:
+    """The state within a split of a checkpoint (None: between splits), its structure
+    checked; :func:`_check_split_fits` checks it against the model when it is restored."""
+    if current is None:
+        return None
+    keys = {"split", "epoch", "seconds", "model", "optimizer", "selector", "rng"}
+    if not isinstance(current, dict) or set(current) != keys:
+        got = sorted(current) if isinstance(current, dict) else type(current).__name__
+        raise _damaged(path, f"the state within a split must have the fields {sorted(keys)}, "
+                             f"got {got}")
+    split, epoch, seconds = current["split"], current["epoch"], current["seconds"]
+    epochs = identity["config"].get("epochs")
+    if not _is_int(split) or split not in identity["splits"] or \
+            any(f["split"] == split for f in finished):
+        raise _damaged(path, f"the state within a split is of split {split!r}, not an "
+                             f"unfinished split of this run ({identity['splits']})")
+    if not _is_int(epoch) or not 1 <= epoch < (epochs if _is_int(epochs) else 2**62):
+        raise _damaged(path, f"the state within split {split} is at epoch {epoch!r}, outside "
+                             f"1..{epochs - 1 if _is_int(epochs) else 'epochs - 1'}")
+    if not _is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
+        raise _damaged(path, f"the state within split {split} has {seconds!r} seconds")
+    model = current["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                              for k, v in model.items()):
+        raise _damaged(path, "the model state must map parameter names to tensors")
+    opt = current["optimizer"]
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or \
+            not isinstance(opt.get("param_groups"), list):
+        raise _damaged(path, "the optimizer state must hold 'state' and 'param_groups'")
+    sel = current["selector"]
+    tensors = ("best", "best_test", "best_epoch", "stopped_at")
+    if not isinstance(sel, dict) or set(sel) != set(tensors) | {"saved", "rows"} or \
+            not all(isinstance(sel[k], Tensor) for k in tensors) or \
+            not isinstance(sel["saved"], list) or \
+            not all(isinstance(t, Tensor) for t in sel["saved"]) or \
+            not (sel["rows"] is None or isinstance(sel["rows"], Tensor)):
+        raise _damaged(path, "the model selection's state must hold the tensors "
+                             f"{', '.join(tensors)}, the list 'saved' and 'rows'")
+    rng = current["rng"]
+    if not isinstance(rng, dict) or "cpu" not in rng or set(rng) - {"cpu", "cuda", "batches"} \
+            or not all(isinstance(v, Tensor) and v.dtype == torch.uint8 and v.dim() == 1
+                       for v in rng.values()):
+        raise _damaged(path, "the random generators' states must be byte tensors 'cpu' "
+                             "(and 'cuda', 'batches')")
+    return current
+
+
+def _check_split_fits(state: Dict, model, opt, sel: "_Selector", device: torch.device,
+                      generator: Optional[torch.Generator], path) -> None:
+    """Refuses a split's saved state that does not fit this run's model, optimizer, model
+    selection and generators (a shape, a dtype, a count), before any of it is loaded: a
+    mismatch would otherwise fail later or, broadcast by a copy, go unnoticed."""
+    def same(what: str, saved: Tensor, live: Tensor) -> None:
+        if saved.shape != live.shape or saved.dtype != live.dtype:
+            raise _damaged(path, f"{what} is {saved.dtype} {list(saved.shape)}, this run's "
+                                 f"{live.dtype} {list(live.shape)}")
+
+    live = model.state_dict()
+    saved = state["model"]
+    if list(saved) != list(live):
+        missing = sorted(set(live) - set(saved))[:3]
+        extra = sorted(set(saved) - set(live))[:3]
+        raise _damaged(path, f"its model state does not fit this run's model (missing "
+                             f"{missing}, unexpected {extra})")
+    for name, tensor in saved.items():
+        same(f"the model's {name!r}", tensor, live[name])
+    params = [p for group in opt.param_groups for p in group["params"]]
+    groups, live_groups = state["optimizer"]["param_groups"], opt.state_dict()["param_groups"]
+    if len(groups) != len(live_groups):
+        raise _damaged(path, f"its optimizer has {len(groups)} parameter groups, this run's "
+                             f"{len(live_groups)}")
+    for k, (group, live_group) in enumerate(zip(groups, live_groups)):
+        if not isinstance(group, dict) or set(group) != set(live_group):
+            raise _damaged(path, f"its optimizer's parameter group {k} does not have the "
+                                 f"settings of this run's ({sorted(live_group)})")
+        odd = [key for key, value in group.items() if not _same_kind(value, live_group[key])]
+        if odd or len(group["params"]) != len(live_group["params"]):
+            raise _damaged(path, f"its optimizer's parameter group {k} has settings of the "
+                                 f"wrong kind ({', '.join(odd) or 'params'})")
+    for index, entry in state["optimizer"]["state"].items():
+        if not _is_int(index) or not 0 <= index < len(params) or not isinstance(entry, dict):
+            raise _damaged(path, f"its optimizer state names parameter {index!r} of "
+                                 f"{len(params)}")
+        for key, value in entry.items():
+            if not isinstance(value, Tensor):
+                raise _damaged(path, f"its optimizer's {key!r} of parameter {index} is a "
+                                     f"{type(value).__name__}, not a tensor")
+            if value.dim() > 0 and value.shape != params[index].shape:
+                raise _damaged(path, f"its optimizer's {key!r} of parameter {index} has shape "
+                                     f"{list(value.shape)}, the parameter "
+                                     f"{list(params[index].shape)}")
+    ours = sel.state_dict()
+    for name in ("best", "best_test", "best_epoch", "stopped_at"):
+        same(f"the model selection's {name!r}", state["selector"][name], ours[name])
+    if len(state["selector"]["saved"]) != len(ours["saved"]):
+        raise _damaged(path, f"the model selection keeps {len(state['selector']['saved'])} "
+                             f"weights, this run's model {len(ours['saved'])}")
+    for k, (tensor, live_tensor) in enumerate(zip(state["selector"]["saved"], ours["saved"])):
+        same(f"the model selection's weight {k}", tensor, live_tensor)
+    rows = state["selector"]["rows"]
+    if rows is None or rows.dim() != 2 or rows.shape != (state["epoch"], len(_METRICS) + 1) \
+            or rows.dtype != torch.float64:
+        got = None if rows is None else f"{rows.dtype} {list(rows.shape)}"
+        raise _damaged(path, f"the model selection's history is {got}, not float64 "
+                             f"[{state['epoch']}, {len(_METRICS) + 1}] (one row per epoch)")
+    best_epoch = int(state["selector"]["best_epoch"])
+    if not 0 <= best_epoch <= state["epoch"]:
+        raise _damaged(path, f"the best epoch {best_epoch} is outside 0..{state['epoch']}")
+    rng = state["rng"]
+    expected = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda" and "cuda" in rng:
+        expected["cuda"] = torch.cuda.get_rng_state(device)
+    if generator is not None:
+        if "batches" not in rng:
+            raise _damaged(path, "it has no state of the training batches' shuffling")
+        expected["batches"] = generator.get_state()
+    for name, value in expected.items():
+        if rng[name].numel() != value.numel():
+            raise _damaged(path, f"the {name} generator's state has {rng[name].numel()} "
+                                 f"bytes, not {value.numel()}")
+
+
 class _RunCheckpoint:
     """A run's checkpoint: the finished splits' results and, within a split, its state; read
     once when resuming, written (atomically: a temporary file renamed over the old one) every
@@ -286,26 +507,39 @@ class _RunCheckpoint:
         self.current: Optional[Dict] = None  # the state within the split being trained
         if settings.resume:
             self._load()
+        if settings.write:  # what a killed run left half-written
+            remove_stale_temporaries(settings.path)
 
     def _load(self) -> None:
         path = self.settings.path
         if not path.is_file():
             raise ValueError(f"resume: no checkpoint at {path}; start without resume "
                              f"(--resume) to write one there")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("format") != _CHECKPOINT_FORMAT:
+        damage = archive_damage(path)
+        if damage is not None:
+            raise _damaged(path, damage)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - truncated, damaged, foreign: all refused
+            raise _damaged(path, f"it cannot be read: {describe_load_error(err)}") from None
+        if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
             raise ValueError(f"{path} is not a dignn checkpoint of format "
-                             f"{_CHECKPOINT_FORMAT}")
-        theirs = state["identity"]
-        differs = [key for key in self.identity if theirs.get(key) != self.identity[key]]
+                             f"{_CHECKPOINT_FORMAT}; start anew without resume (--resume), "
+                             f"or give another checkpoint path (--checkpoint)")
+        theirs = state.get("identity")
+        if not isinstance(theirs, dict):
+            raise _damaged(path, "it has no run identity (dataset, settings, splits)")
+        differs = [key for key in self.identity
+                   if not _plain_equal(theirs.get(key), self.identity[key])]
         if differs:
             detail = "; ".join(f"{key}: checkpoint {theirs.get(key)!r}, now "
                                f"{self.identity[key]!r}" for key in differs)
             raise ValueError(f"the checkpoint {path} is of another run ({detail}); resume "
                              f"with the same dataset, settings and splits, or start anew "
                              f"without resume")
-        self.finished = state["finished"]
-        self.current = state["current"]
+        self.finished = _checked_finished(state.get("finished"), self.identity, path)
+        self.current = _checked_current(state.get("current"), self.identity, self.finished,
+                                        path)
 
     def finished_result(self, split: int) -> Optional["SplitResult"]:
         for state in self.finished:
@@ -324,15 +558,10 @@ class _RunCheckpoint:
     def write(self) -> None:
         if not self.settings.write:
             return
-        path = self.settings.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as f:
-            torch.save({"format": _CHECKPOINT_FORMAT, "identity": self.identity,
-                        "finished": self.finished, "current": self.current}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
+        state = {"format": _CHECKPOINT_FORMAT, "identity": self.identity,
+                 "finished": self.finished, "current": self.current}
+        write_atomically(self.settings.path, lambda f: _save_with_checksums(state, f),
+                         sync=True)
 
 
 class _SplitSaver:
@@ -346,8 +575,13 @@ class _SplitSaver:
         self.epoch, self.seconds = 0, 0.0
         state = run.split_state(split)
         if state is not None:
+            _check_split_fits(state, model, opt, sel, device, generator, run.settings.path)
             model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            try:
+                opt.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, TypeError, RuntimeError) as err:
+                raise _damaged(run.settings.path, f"its optimizer state does not fit this "
+                                                  f"run's model ({_first_line(err)})") from None
             sel.load_state_dict(state["selector"])
             _set_rng_states(state["rng"], device, generator)
             self.epoch, self.seconds = state["epoch"], state["seconds"]
@@ -785,6 +1019,7 @@ def train(dataset: Dataset, config: TrainConfig,
     and, with ``resume``, continue from it (:class:`Checkpointing`). ``fit``: what trains
     one split (default: the task's ``train_*_split``; :mod:`dignn.distributed` passes its
     own)."""
+    check_training_numbers(config)
     n = len(dataset.splits)
     splits = list(range(n)) if splits is None else list(splits)
     bad = [k for k in splits if not (isinstance(k, int) and 0 <= k < n)]
@@ -822,7 +1057,8 @@ def train(dataset: Dataset, config: TrainConfig,
 def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[int]] = None,
                      split_ratio: Optional[Sequence[float]] = None, num_splits: int = 10,
                      split_seed: int = 0, name: Optional[str] = None,
-                     device="auto", progress: bool = False, **overrides):
+                     device="auto", progress: bool = False, allow_pickle: bool = False,
+                     **overrides):
     """Trains DIGNN on a user's graph(s) with the generic preset
     (:data:`dignn.presets.USER_DATA`) and returns the :class:`RunResult`.
 
@@ -831,11 +1067,14 @@ def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[
     :class:`~dignn.data.GraphDataset`, or the path of a file for
     :func:`dignn.data.load_user_file`. ``split_ratio``, ``num_splits``, ``split_seed`` (the
     ``seed`` of :func:`dignn.data.from_pyg`) and ``name`` make the splits and name the run;
-    ``splits`` picks split indices to train (default: all). ``overrides`` are
+    ``splits`` picks split indices to train (default: all). ``allow_pickle``: unpickle a
+    file that plain ``torch.load(weights_only=True)`` refuses (it can run code from the
+    file: only for files you trust). ``overrides`` are
     :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``)."""
     from .presets import USER_DATA, preset_config
     if isinstance(data, (str, os.PathLike)):
-        dataset = load_user_file(data, name, split_ratio, num_splits, split_seed)
+        dataset = load_user_file(data, name, split_ratio, num_splits, split_seed,
+                                 allow_pickle=allow_pickle)
     elif isinstance(data, (NodeDataset, GraphDataset)):
         dataset = data
     else:

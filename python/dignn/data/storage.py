@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
-__all__ = ["PathLike", "DatasetUnavailableError", "RawFiles", "default_cache_dir",
+__all__ = ["PathLike", "DatasetUnavailableError", "DatasetUnreadableError", "RawFiles", "default_cache_dir",
            "default_data_root", "stage", "load_staged", "require_complete",
            ]
 
@@ -61,6 +61,10 @@ def _roots(data_root: Optional[PathLike], cache_dir: Optional[PathLike]) -> Tupl
             f"{given_as} {str(root)!r} was given but does not exist; pass an existing folder "
             f"laid out as <root>/<name>/raw/..., or give no data root at all to use only the "
             f"cache {str(cache)!r} (which PyG fills by downloading)")
+    if not root.is_dir():
+        raise NotADirectoryError(
+            f"{given_as} {str(root)!r} is a file, not a folder; pass the folder laid out as "
+            f"<root>/<name>/raw/... (a dataset file goes to --dataset FILE)")
     return root, cache
 
 
@@ -137,10 +141,31 @@ def load_staged(name: str, data_root: Optional[PathLike], cache_dir: Optional[Pa
         return construct(cache)
     except OSError as err:  # urllib's URLError, aiohttp's connection errors, missing files
         if not _missing(cache, raw):
-            raise
+            raise _unreadable(name, root, cache, raw, err) from err
         raise _unavailable(name, root, cache, raw,
                            f"some of its raw files are missing and PyG could not download "
                            f"them ({type(err).__name__}: {err})", offline_note) from None
+    except (DatasetUnavailableError, ImportError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - a parser's failure on a damaged file
+        raise _unreadable(name, root, cache, raw, err) from err
+
+
+class DatasetUnreadableError(ValueError):
+    """A dataset's files are there but cannot be read (damaged, truncated, of another
+    format)."""
+
+
+def _unreadable(name: str, root: Path, cache: Path, raw: Sequence[RawFiles],
+                err: BaseException) -> DatasetUnreadableError:
+    folders = sorted({str(cache / g.folder.split("/")[0]) for g in raw})
+    where = "" if root == cache else f" (copied from the data root {str(root)!r})"
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return DatasetUnreadableError(
+        f"dataset {name!r} cannot be read from its files in the cache{where}: "
+        f"{type(err).__name__}: {first}; they are damaged or not the expected format: put "
+        f"intact copies under --data-root and delete {', '.join(folders)} so that they are "
+        f"copied (or downloaded) again")
 
 
 def require_complete(name: str, data_root: Optional[PathLike], cache_dir: Optional[PathLike],
