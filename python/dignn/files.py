@@ -4,9 +4,11 @@ at all, checked before any work, and no temporaries left behind.
 A file is written to a temporary beside it, ``.<name>.<host>.<pid>.tmp``, then renamed over
 it, so that readers see the old file or the new one, never half of one; a write that fails
 removes its temporary. A process killed in the middle of a write (``kill -9``) cannot clean
-up: the next write to the same path removes the temporaries of that path whose process is
-gone, when they were made on this host (a pid means nothing on another host sharing the
-folder) and their process no longer runs (a live one, of any user, is still writing its own).
+up: the next write to the same path (and a run that checkpoints there) removes the
+temporaries of that path whose process is gone, when they were made on this host (a pid means
+nothing on another host sharing the folder) and their process no longer runs (a live one, of
+any user, is still writing its own). Temporaries named ``.<name>.<pid>.tmp``, as versions
+before the host was in the name wrote them, are judged by their pid alone.
 """
 from __future__ import annotations
 
