@@ -13,12 +13,14 @@ Delta = C^-1 L with C = diag(chi). The neural edge weight (eq. 13-14) is
 
 with p = Θφ Θχ x and q = Θϕ x the node projections.
 """
-from typing import Tuple
+import math
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["CHI_FLOOR", "guard_rows", "node_mass", "row_coefficients", "edge_terms",
+__all__ = ["CHI_FLOOR", "guard_rows", "node_mass", "row_coefficients", "check_inverse_mu",
+           "coefficient_overflow_message", "edge_terms",
            "neural_edge_weight", "neural_edge_weight_partials", "tanh_sech2"]
 
 # Rows with chi_i <= CHI_FLOOR do not diffuse: their Delta row is 0 and z_i = x_i (0/0 := 0;
@@ -37,13 +39,55 @@ def node_mass(chi: Tensor) -> Tensor:
     return torch.where(guard_rows(chi), torch.ones_like(chi), chi)
 
 
-def row_coefficients(chi: Tensor, kappa: Tensor, mu: float) -> Tuple[Tensor, Tensor]:
+def check_inverse_mu(mu: float, dtype: torch.dtype) -> float:
+    """1/mu, or a ValueError naming mu when 1/mu is not finite in ``dtype`` (the compute dtype
+    of the solve): every coefficient of the map (eq. iter) and of the SPD form carries it."""
+    inv_mu = 1.0 / mu if mu != 0.0 else math.inf
+    bound = torch.finfo(dtype).max
+    if not inv_mu <= bound:
+        raise ValueError(
+            f"mu={mu:g} is too small for {dtype}: 1/mu = {inv_mu:g} is not finite in {dtype} "
+            f"(mu must be >= 1/{bound:.4g} = {1.0 / bound:.4g}), so the coefficients "
+            f"1/(mu chi) of Z = X - (1/mu) Delta Z overflow. Compute in torch.float64 or "
+            f"raise mu.")
+    return inv_mu
+
+
+def coefficient_overflow_message(chi: Tensor, kappa: Tensor, mu: float) -> Optional[str]:
+    """Why the row coefficients 1/(mu chi_i) or kappa_i/(mu chi_i) are not finite in chi's
+    dtype, or None where they are (reads chi and kappa on the host)."""
+    dtype = chi.dtype
+    diffuses = ~guard_rows(chi)
+    if not bool(diffuses.any()):
+        return None
+    chi_d = chi[diffuses].double()
+    worst = torch.maximum(torch.ones_like(chi_d), kappa[diffuses].double().abs()) / chi_d / mu
+    bound = torch.finfo(dtype).max
+    largest = float(worst.max())
+    if largest <= bound:
+        return None
+    return (f"mu={mu:g} is too small for these chi in {dtype}: max(1, kappa_i) / (mu chi_i) "
+            f"reaches {largest:.4g} (the smallest chi of a diffusing row is "
+            f"{float(chi_d.min()):.4g}), above {dtype}'s largest value {bound:.4g}, so the "
+            f"coefficients of Z = X - (1/mu) Delta Z overflow. Compute in torch.float64, "
+            f"raise mu, or raise the smallest chi.")
+
+
+def row_coefficients(chi: Tensor, kappa: Tensor, mu: float, check: bool = False
+                     ) -> Tuple[Tensor, Tensor]:
     """(cy, ca) of the fixed-point map Z <- X + cy.Z + ca.(W Z) (eq. iter, Delta = C^-1 (K - W)):
-    ca = 1/(mu chi), cy = -kappa ca, both 0 on guard rows."""
+    ca = 1/(mu chi), cy = -kappa ca, both 0 on guard rows. A ValueError naming mu where 1/mu
+    is not finite in chi's dtype; with ``check`` (a host read) also where a coefficient is
+    not (:func:`coefficient_overflow_message`)."""
+    inv = check_inverse_mu(mu, chi.dtype)
+    if check:
+        message = coefficient_overflow_message(chi, kappa, mu)
+        if message is not None:
+            raise ValueError(message)
     diffuses = ~guard_rows(chi)
     # 1/mu rounded to chi's dtype, then divided (not a reciprocal of chi times 1/mu, which
     # torch makes of `scalar / tensor`): the compiled kernels' row_coefficients to the bit
-    inv_mu = torch.full_like(chi, 1.0 / mu)
+    inv_mu = torch.full_like(chi, inv)
     ca = torch.where(diffuses, inv_mu / torch.where(diffuses, chi, torch.ones_like(chi)),
                      torch.zeros_like(chi))
     return -kappa * ca, ca

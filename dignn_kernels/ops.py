@@ -115,7 +115,7 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
     run, mu = _backend(backend, rowptr.device), _scalar(mu)
     if run is None:
         return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
-    cy, ca = row_coefficients(chi, kappa, mu)
+    cy, ca = row_coefficients(chi, kappa, mu, check=True)  # ValueError: 1/(mu chi) overflows
     return run.row_pass(rowptr, col, w, z, x, cy, ca)
 
 

@@ -47,11 +47,25 @@ std::pair<at::Tensor, at::Tensor> CpuPasses::coefficients(const at::Tensor& chi,
     scalar_t* y = cy.data_ptr<scalar_t>();
     scalar_t* a = ca.data_ptr<scalar_t>();
     const scalar_t im = static_cast<scalar_t>(inv_mu);
+    int64_t bad = -1;  // a row whose coefficients overflow (finite chi, kappa, 1/mu)
     for (int64_t i = 0; i < chi.numel(); ++i) {
       const RowCoefficients<scalar_t> rc = row_coefficients(c[i], k[i], im);
       y[i] = rc.cy;
       a[i] = rc.ca;
+      if (bad < 0 && std::isfinite(c[i]) && std::isfinite(k[i]) &&
+          !(std::isfinite(rc.ca) && std::isfinite(rc.cy))) {
+        bad = i;
+      }
     }
+    // Refused rather than turned into inf and NaN (dignn_kernels/laplacian.py
+    // coefficient_overflow_message says the same for the Python passes).
+    TORCH_CHECK_VALUE(bad < 0, "mu=", 1.0 / inv_mu, " is too small for these chi in ",
+                      chi.scalar_type(), ": row ", bad, " has chi=",
+                      bad >= 0 ? static_cast<double>(c[bad]) : 0.0, ", kappa=",
+                      bad >= 0 ? static_cast<double>(k[bad]) : 0.0,
+                      ", so its coefficients 1/(mu chi) and kappa/(mu chi) of "
+                      "Z = X - (1/mu) Delta Z overflow. Compute in torch.float64, raise mu, or "
+                      "raise the smallest chi.");
   });
   return {cy, ca};
 }

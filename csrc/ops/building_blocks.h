@@ -150,7 +150,8 @@ at::Tensor diffusion_step(const at::Tensor& rowptr, const at::Tensor& col, const
   const int64_t n = check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu);
   const Passes passes(x);
   at::Tensor cy, ca;
-  std::tie(cy, ca) = passes.coefficients(chi.contiguous(), kappa.contiguous(), 1.0 / mu);
+  std::tie(cy, ca) = passes.coefficients(chi.contiguous(), kappa.contiguous(),
+                                         checked_inverse_mu(mu, x.scalar_type()));
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   if (n > 0) {
     passes.row_pass(passes.csr(rowptr.contiguous(), col),

@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -26,6 +27,23 @@
 
 namespace dignn {
 namespace ops {
+
+// 1/mu as the kernels take it, rounded to the compute dtype of x: a ValueError naming mu where
+// it is not finite there (every coefficient 1/(mu chi_i) of eq. iter carries it), where the
+// kernels would silently turn it into inf and NaN (dignn_kernels/laplacian.py
+// check_inverse_mu says the same for the Python passes).
+inline double checked_inverse_mu(double mu, at::ScalarType dtype) {
+  const double inv_mu = 1.0 / mu;
+  const bool is_double = dtype == at::kDouble;
+  const double bound = is_double ? std::numeric_limits<double>::max()
+                                 : static_cast<double>(std::numeric_limits<float>::max());
+  TORCH_CHECK_VALUE(inv_mu <= bound, "mu=", mu, " is too small for ",
+                    is_double ? "torch.float64" : "torch.float32", ": 1/mu is not finite in ",
+                    is_double ? "torch.float64" : "torch.float32", " (mu must be >= 1/", bound,
+                    " = ", 1.0 / bound, "), so the coefficients 1/(mu chi) of "
+                    "Z = X - (1/mu) Delta Z overflow. Compute in torch.float64 or raise mu.");
+  return inv_mu;
+}
 
 // Iterations t = 2..max_iter of a solve from Y_0 = 0 (iteration 1, Y_1 = B, is the caller's):
 // `step(t)` writes Y_t to y.next from y.current and records its residual. The loop ends early
@@ -107,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
                                                     t_rowptr, t_col, t_perm, storage_dtype);
   const Passes passes(x_in);
   const int64_t n = num_rows(rowptr);
-  const double inv_mu = 1.0 / mu;
+  const double inv_mu = checked_inverse_mu(mu, x_in.scalar_type());
   const at::Tensor x = x_in.contiguous();
   const at::Tensor chi = chi_in.contiguous();
   const at::Tensor rp = rowptr.contiguous();
@@ -187,7 +205,8 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
   const at::Tensor g = grad_z.contiguous();
   const at::Tensor rp = rowptr.contiguous();
   at::Tensor cy, ca;
-  std::tie(cy, ca) = passes.coefficients(chi_in.contiguous(), kappa_in.contiguous(), 1.0 / mu);
+  std::tie(cy, ca) = passes.coefficients(chi_in.contiguous(), kappa_in.contiguous(),
+                                         checked_inverse_mu(mu, x_in.scalar_type()));
 
   // Rows of W^T are the transposed CSR, or the CSR itself on a symmetric graph; entry (j, i)
   // of W^T carries W_ij ca_i, so that one row pass with rs = 1 makes W^T (ca.u).

@@ -67,7 +67,7 @@ from torch import Tensor
 
 from ..backends.interface import (FIXED_POINT_STATE, FP_BOUND, FP_DIVERGED, FP_DONE,
                                   FP_RELATIVE, FP_RESIDUAL, FP_SWEEPS, FP_TINY, FP_TOL)
-from ..laplacian import node_mass
+from ..laplacian import guard_rows, node_mass
 from .device_state import record_iteration, state_of
 from .cg_update import CG_DIVERGED, CG_DONE, CG_RESIDUAL, CG_SWEEPS, CGState, cg_flags, \
     cg_update_for
@@ -214,7 +214,8 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
                 growth: float = _CERTIFICATE_SYMMETRIC,
                 callback: Optional[Callable[[int], None]] = None,
                 reduce: Reduce = None,
-                row_step: Optional[Callable[..., None]] = None) -> SolveResult:
+                row_step: Optional[Callable[..., None]] = None,
+                uncertified: Optional[Tensor] = None) -> SolveResult:
     """The paper's iteration (eq. iter) from Z_0 = 0: y_1 = rhs, y_{k+1} = step(y_k), at most
     ``max_iter`` iterations (max_iter - 1 sweeps), until ||y_{k+1} - y_k|| <= tol ||y_{k+1}||
     (the paper's stopping test). The result counts iterations as the paper does
@@ -240,6 +241,8 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     zero = torch.zeros_like(ref)
     bound = growth * _weighted_sq(rhs, certificate, reduce) if certificate is not None else \
         torch.full_like(ref, math.inf)
+    if uncertified is not None:  # (a device flag: no certificate holds, see _solve)
+        bound = torch.where(uncertified, math.inf, bound)
     # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0); rhs = 0: y = 0 is exact
     fields = {FP_DONE: (ref <= 0).double(), FP_DIVERGED: zero, FP_SWEEPS: zero,
               FP_RESIDUAL: ref, FP_RELATIVE: (ref > 0).double(),
@@ -461,8 +464,12 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
+    # A guard row with edges breaks that self-adjointness (Delta's row is 0, its column is
+    # not), and with it the bound: the certificate is then off (a non-finite residual still
+    # ends a diverging solve).
     fixed = dict(tol=tol, check_every=check_every, certificate=certificate, callback=callback,
-                 reduce=reduce, row_step=system.row_step_of(adjoint, rhs, certificate))
+                 reduce=reduce, row_step=system.row_step_of(adjoint, rhs, certificate),
+                 uncertified=getattr(system, "guard_coupled", None))
     if storage_dtype is None or max_iter == 1:
         return fixed_point(step, rhs, max_iter=max_iter, growth=growth, **fixed)
     out = fixed_point(step, rhs.to(storage_dtype), max_iter=max_iter - 1,
@@ -551,4 +558,6 @@ def fixed_point_diverged(x: Tensor, z: Tensor, chi: Tensor, symmetric: bool,
     growth = _stored_growth(_CERTIFICATE_SYMMETRIC if symmetric else _CERTIFICATE_DIRECTED,
                             storage_dtype)
     zs = _weighted_sq(z, mass)
-    return ~torch.isfinite(zs) | (zs > growth * _weighted_sq(x, mass))
+    # guard rows (with edges) break the bound (see _solve): only non-finite z proves it then
+    certified = ~guard_rows(chi).any()
+    return ~torch.isfinite(zs) | (certified & (zs > growth * _weighted_sq(x, mass)))

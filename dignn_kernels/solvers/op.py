@@ -36,6 +36,7 @@ from ..checks import (check_backend_device, check_flag, check_graph_data, check_
                       check_solve_args, check_tensors)
 from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
                     default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
+from ..laplacian import check_inverse_mu, coefficient_overflow_message
 from .system import EquilibriumSystem
 
 __all__ = ["implicit_diffusion", "resolve_solver", "host_reads_allowed", "backward_stats"]
@@ -339,11 +340,58 @@ def host_reads_allowed(x: Tensor) -> bool:
     return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def _nonfinite_inputs(inputs: dict) -> list:
+    """'name (k of N entries)' of each tensor in ``inputs`` that holds NaN or Inf."""
+    found = []
+    for name, t in inputs.items():
+        if t is None or not t.is_floating_point() or t.numel() == 0:
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            found.append(f"{name} ({bad} of {t.numel()} entries)")
+    return found
+
+
 def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
-                     stacklevel: int = 3) -> None:
-    """Reads a solve's stats on the host and warns (:class:`DivergenceWarning`, naming mu)
-    when it diverged or ended no better than it started."""
-    iterations, _, relative, diverged = stats.tolist()
+                     stacklevel: int = 3, inputs: Optional[dict] = None,
+                     coefficients: Optional[Tuple[Tensor, Tensor]] = None) -> None:
+    """Reads a solve's stats on the host and warns (:class:`DivergenceWarning`) when it
+    diverged or ended no better than it started: naming the inputs that hold NaN or Inf
+    (``inputs``: name -> tensor, read only then), else naming mu. With ``coefficients``
+    (chi, kappa) a ValueError names mu where the row coefficients 1/(mu chi), kappa/(mu chi)
+    overflow the compute dtype; a residual that overflowed from finite inputs names x."""
+    iterations, residual, relative, diverged = stats.tolist()
+    failed = (diverged and solver == "fixed_point") or (
+        solver != "fixed_point" and (diverged or (relative > 1.0 and relative > tol))) or \
+        not (math.isfinite(residual) and math.isfinite(relative))  # (an Inf in x: inf / inf)
+    if not failed:
+        return
+    if inputs is not None:
+        bad = _nonfinite_inputs(inputs)
+        if bad:
+            warnings.warn(
+                f"solver={solver!r} gave no finite equilibrium because its input holds NaN or "
+                f"Inf: {', '.join(bad)}. The output is not the equilibrium; mu={mu:g} is not "
+                f"the cause. Replace the non-finite values (torch.nan_to_num, or find where "
+                f"they come from).", DivergenceWarning, stacklevel=stacklevel + 1)
+            return
+    if coefficients is not None:
+        message = coefficient_overflow_message(*coefficients, mu)
+        if message is not None:
+            raise ValueError(message)
+    # cg's SPD system converges for every mu > 0: a residual that is not finite from finite
+    # inputs is an overflow (the fixed point and Anderson may also have diverged: mu is named)
+    if solver == "cg" and not math.isfinite(residual) and inputs is not None and "x" in inputs:
+        x = inputs["x"]
+        warnings.warn(
+            f"solver={solver!r} overflowed in {x.dtype}: its residual or dot products are not "
+            f"finite although every input is (max|x| = "
+            f"{float(torch.linalg.vector_norm(x.double(), ord=math.inf)):.3g}; the squared "
+            f"norms of the residual of the SPD form (C + L/mu) Z = C X, chi and the edge "
+            f"values times x, exceed {x.dtype}'s range). The output is not the equilibrium. "
+            f"Compute in torch.float64, or rescale x and the edge values.", DivergenceWarning,
+            stacklevel=stacklevel + 1)
+        return
     if diverged and solver == "fixed_point":
         warnings.warn(
             f"solver='fixed_point' diverged at mu={mu:g}: the iteration Z <- X - (1/mu) Delta Z "
@@ -351,7 +399,7 @@ def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
             f"is below lambda_max here, so the output is not the equilibrium. Use solver='cg' "
             f"(converges for every mu > 0 on undirected graphs) or solver='anderson', or raise "
             f"mu.", DivergenceWarning, stacklevel=stacklevel + 1)
-    elif solver != "fixed_point" and (diverged or (relative > 1.0 and relative > tol)):
+    else:
         warnings.warn(
             f"solver={solver!r} did not converge at mu={mu:g}: relative residual "
             f"{relative:.3g} after {int(iterations)} sweeps (no better than the start). "
@@ -436,10 +484,14 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     solver = resolve_solver(solver, t_rowptr is None)
     host_checks = host_reads_allowed(x) if host_checks is None else \
         bool(host_checks) and host_reads_allowed(x)
-    z, _, _, stats = torch.ops.dignn.implicit_solve(
+    check_inverse_mu(float(mu), x.dtype)  # (the ValueError naming mu; no host read)
+    z, _, kappa_out, stats = torch.ops.dignn.implicit_solve(
         rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
         float(mu), float(eps), max_iter, float(tol), solver, backend,
         -1 if check_every is None else check_every, window, storage_dtype)
-    if host_checks:
-        warn_if_diverged(stats, solver, mu, tol)
+    if host_checks:  # (the inputs are read only where the solve failed)
+        warn_if_diverged(stats, solver, mu, tol,
+                         inputs=dict(x=x, chi=chi, edge_value=edge_value, p=p, q=q,
+                                     kappa=kappa),
+                         coefficients=(chi, kappa_out))
     return z, stats
