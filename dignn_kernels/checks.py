@@ -7,9 +7,9 @@
   in the graph cache (:meth:`dignn_kernels.graph.CSRGraph.check`);
 - the shape, dtype and device checks (:func:`check_csr`, :func:`check_features`, ...) and,
   per op, all of them in the order of the compiled op (``check_<op>_args``, the mirror of
-  ``check_<op>_args`` in csrc/ops/checks.h), which :mod:`dignn_kernels.ops` runs for every
-  backend before its pass, the solve entry for every backend and the Triton custom ops for
-  their direct callers;
+  ``check_<op>_args`` in csrc/ops/checks.h), which :mod:`dignn_kernels.ops` runs before the
+  pass of every backend but the compiled one (whose ops run checks.h themselves), the solve
+  entry for every backend and the Triton custom ops for their direct callers;
 - :func:`check_same_device`: every tensor argument on one device, which the fake (meta)
   kernels of the ops run too: with one meta tensor among the arguments the dispatcher picks
   the fake kernel, whose empty outputs would otherwise come back as results.
@@ -30,9 +30,9 @@ __all__ = ["check_scalars", "check_graph", "check_graph_data", "check_csr", "che
            "check_features", "check_edge_values", "check_projections", "check_transposed",
            "check_compute_dtype", "check_same_device", "check_tensors", "check_positive",
            "check_neural_edge_weights_args", "check_neural_edge_weights_backward_args",
-           "check_diffusion_step_args", "check_csr_fma_args", "check_row_product_args",
+           "check_diffusion_step_args", "check_csr_fma_args",
            "check_neural_weight_grad_args", "check_graph_args", "check_solve_args",
-           "check_schedule_arg", "check_int", "check_flag", "check_backend_device"]
+           "check_int", "check_flag", "check_backend_device"]
 
 # Tensors a pass may take in 16 bits (storage_dtype; backends.interface.STORAGE_DTYPES).
 _STORAGE = (torch.bfloat16, torch.float16)
@@ -109,8 +109,8 @@ def check_positive(value, name: str) -> None:
 
 
 def check_tensors(**named) -> None:
-    """Each argument a torch.Tensor (None where it may be omitted: pass those through
-    :func:`check_optional_tensors`), else a TypeError naming it."""
+    """Each argument a torch.Tensor, else a TypeError naming it (the optional ones:
+    :func:`check_optional_tensors`)."""
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -322,8 +322,8 @@ def check_transposed(t_rowptr, t_col, t_perm, rowptr, col) -> bool:
         raise RuntimeError(f"t_perm must be a 1-D int64 (or int32) tensor, got shape "
                            f"{list(t_perm.shape)} and dtype {t_perm.dtype}")
     if t_col.numel() != col.numel() or t_perm.numel() != col.numel():
-        raise RuntimeError(f"t_col and t_perm must hold one entry per edge ({col.numel()}), "
-                           f"got {t_col.numel()} and {t_perm.numel()}")
+        raise RuntimeError(f"t_col and t_perm must hold one entry per edge (col has "
+                           f"{col.numel()} entries), got {t_col.numel()} and {t_perm.numel()}")
     if t_rowptr.device != rowptr.device or t_perm.device != rowptr.device:
         raise RuntimeError(f"t_rowptr, t_col and t_perm must be on the graph's device "
                            f"{rowptr.device}")
@@ -403,54 +403,6 @@ def check_csr_fma_args(rowptr, col, w, y, b, cy, rs) -> int:
     check_values(w, "w", [col.numel()], like, rowptr)
     check_values(cy, "cy", [n], like, rowptr)
     check_values(rs, "rs", [n], like, rowptr)
-    return n
-
-
-def check_schedule_arg(schedule, rowptr) -> None:
-    """A csr_schedule: None, or a list of tensors on the graph's device (its shapes are the
-    compiled op's to check, per device)."""
-    if schedule is None:
-        return
-    if not isinstance(schedule, (list, tuple)):
-        raise TypeError(f"schedule must be None or the list csr_schedule(rowptr, col) returns, "
-                        f"got {type(schedule).__name__}")
-    for i, t in enumerate(schedule):
-        check_tensors(**{f"schedule[{i}]": t})
-    check_same_device("csr_fma", rowptr=rowptr, schedule=schedule)
-
-
-def check_row_product_args(rowptr, col, w, cy, rs, schedule, y, out, done) -> int:
-    if not isinstance(schedule, (list, tuple)):
-        raise TypeError(f"schedule must be the list csr_schedule(rowptr, col) returns, got "
-                        f"{type(schedule).__name__}")
-    _op_tensors("row_product", rowptr=rowptr, col=col, w=w, cy=cy, rs=rs, schedule=schedule,
-                y=y, out=out, done=done)
-    n = check_edge_values(rowptr, col, w, "w")
-    check_compute_dtype(w, "w")
-    check_values(w, "w", [col.numel()], w, rowptr)
-    if y.dim() == 2 and y.shape[0] != n:  # y's rows fix n: a short rowptr is named here
-        raise RuntimeError(f"rowptr has {n} + 1 entries for {n} rows but y has {y.shape[0]} "
-                           f"rows (y must be a [{n}, d] tensor of w's dtype): rowptr must "
-                           f"hold num_nodes + 1 row offsets and y one row per node")
-    check_values(cy, "cy", [n], w, rowptr)
-    check_values(rs, "rs", [n], w, rowptr)
-    if not (y.dim() == 2 and y.shape[0] == n and y.dtype == w.dtype
-            and y.device == rowptr.device):
-        raise RuntimeError(f"y must be a [{n}, d] tensor of w's dtype {w.dtype} on "
-                           f"{rowptr.device}, got {list(y.shape)}, {y.dtype}, {y.device}")
-    if not (out.shape == y.shape and out.dtype == y.dtype and out.device == y.device
-            and out.is_contiguous()):
-        raise RuntimeError(f"out must be a contiguous buffer like y ({list(y.shape)}, "
-                           f"{y.dtype}, {y.device}), got {list(out.shape)}, {out.dtype}, "
-                           f"{out.device}{'' if out.is_contiguous() else ' (not contiguous)'}"
-                           f": pass torch.empty_like(y)")
-    if y.numel() and out.data_ptr() == y.data_ptr():
-        raise RuntimeError("out must not be y: the sweep reads y's neighbour rows while it "
-                           "writes out; pass a second buffer")
-    if not (done.numel() >= 1 and done.dtype == torch.float64 and done.device == y.device):
-        raise RuntimeError(f"done must be a float64 flag tensor on {y.device} (its first "
-                           f"element nonzero once the solve is done), got {list(done.shape)}, "
-                           f"{done.dtype} on {done.device}")
     return n
 
 

@@ -23,10 +23,12 @@ are valid by construction; the layer and the solvers) pass ``trusted=True`` to s
 ops check shapes, dtypes and devices always (csrc/ops/checks.h). Bad graphs raise RuntimeError
 naming the argument, on every backend.
 
-Every function checks its arguments before any backend sees them, the same checks for every
-``backend`` (:mod:`dignn_kernels.checks`, the mirror of csrc/ops/checks.h: types, shapes,
-dtypes, every tensor on one device, the scalars), so a backend never gets what the compiled
-ops refuse. They are O(1); the O(nodes + edges) data check is the one ``trusted=True`` skips.
+The arguments get the same checks, with the same messages, on every backend before its pass:
+the compiled ops run csrc/ops/checks.h themselves, and for the other backends this module
+first runs its Python mirror (:mod:`dignn_kernels.checks`: types, shapes, dtypes, every
+tensor on one device), so no backend gets what the compiled ops refuse. The scalars are
+checked here for all. These are O(1); the O(nodes + edges) data check is the one
+``trusted=True`` skips.
 """
 from typing import List, Optional, Tuple
 
@@ -36,12 +38,9 @@ from torch import Tensor
 from .backends import get_backend
 from .backends.registration import register_edge_weights_autograd
 from .backends.schedule import CUDA_SEGMENT_EDGES
-from .checks import (check_backend_device, check_csr, check_csr_fma_args,
-                     check_diffusion_step_args, check_graph, check_graph_data,
-                     check_neural_edge_weights_args,
-                     check_neural_edge_weights_backward_args, check_neural_weight_grad_args,
-                     check_row_product_args, check_same_device, check_scalars,
-                     check_schedule_arg, check_tensors)
+from .checks import (check_backend_device, check_csr_fma_args, check_diffusion_step_args,
+                     check_graph, check_graph_data, check_neural_edge_weights_args,
+                     check_neural_weight_grad_args, check_same_device, check_scalars)
 from .laplacian import row_coefficients
 
 __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
@@ -52,21 +51,26 @@ _ops = torch.ops.dignn
 
 
 def _checking() -> bool:
-    """Whether to run the argument checks: not while torch.compile traces (as the solve
-    entry), where the shapes may be symbolic; the compiled graph runs the compiled and Triton
-    ops' own checks."""
+    """Whether to run the Python checks: not while torch.compile traces (as the solve entry),
+    where the shapes may be symbolic; the compiled graph runs the compiled and Triton ops' own
+    checks."""
     return not torch.compiler.is_compiling()
 
 
-def _backend(name: Optional[str], device: torch.device):
-    """The backend record of ``name`` (None: the compiled ops), refused where it cannot run:
-    the compiled ops dispatch on the tensors' device, so backend="cuda" on CPU tensors would
-    run the CPU kernels (and "cpu" on CUDA tensors the CUDA ones) under another name."""
+def _backend(name: Optional[str], check_args, *args):
+    """The backend record of ``name`` after the op's argument checks ``check_args(*args)``
+    (:mod:`dignn_kernels.checks`), or None for the compiled ops, which run the same checks
+    themselves (csrc/ops/checks.h, same messages; a stray meta tensor is refused by their fake
+    kernels), so a trusted call pays nothing here for them. A backend is refused where it
+    cannot run: the compiled ops dispatch on the tensors' device, so backend="cuda" on CPU
+    tensors would run the CPU kernels (and "cpu" on CUDA tensors the CUDA ones) under its
+    name."""
     if name is None:
         return None
     run = get_backend(name)
     if _checking():
-        check_backend_device(run, name, device)
+        check_args(*args)
+        check_backend_device(run, name, args[0].device)
     return run
 
 
@@ -82,10 +86,9 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
     their row sums kappa. Differentiable in p and q."""
     check_scalars(eps=eps)
-    if _checking():
-        check_neural_edge_weights_args(rowptr, col, a, p, q, eps)
+    run = _backend(backend, check_neural_edge_weights_args, rowptr, col, a, p, q, eps)
     check_graph_data(trusted, rowptr, col, p)
-    run, eps = _backend(backend, rowptr.device), _scalar(eps)
+    eps = _scalar(eps)
     if run is None:
         return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
     return run.neural_edge_weights(rowptr, col, a, p, q, eps)
@@ -95,9 +98,6 @@ def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_
                                  t_perm, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
     """dl/dp and dl/dq from dl/dW."""
     check_scalars(eps=eps)
-    if _checking():
-        check_neural_edge_weights_backward_args(rowptr, col, a, p, q, eps, grad_w, t_rowptr,
-                                                t_col, t_perm)
     check_graph_data(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
     return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, _scalar(eps), grad_w, t_rowptr,
                                              t_col, t_perm)
@@ -109,10 +109,9 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
     Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x): the row pass with the row
     coefficients of :func:`dignn_kernels.laplacian.row_coefficients`."""
     check_scalars(mu=mu)
-    if _checking():
-        check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu)
+    run = _backend(backend, check_diffusion_step_args, rowptr, col, w, chi, kappa, x, z, mu)
     check_graph_data(trusted, rowptr, col, x)
-    run, mu = _backend(backend, rowptr.device), _scalar(mu)
+    mu = _scalar(mu)
     if run is None:
         return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
     cy, ca = row_coefficients(chi, kappa, mu, check=True)  # ValueError: 1/(mu chi) overflows
@@ -129,11 +128,8 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = 
     ``schedule``: the graph's :func:`csr_schedule`, made once for many calls on one graph
     (a solve's sweeps); None makes it in the call. It is the compiled op's (``backend`` None);
     the other backends make their own."""
-    if _checking():
-        check_csr_fma_args(rowptr, col, w, y, b, cy, rs)
-        check_schedule_arg(schedule, rowptr)
+    run = _backend(backend, check_csr_fma_args, rowptr, col, w, y, b, cy, rs)
     check_graph_data(trusted, rowptr, col, y)
-    run = _backend(backend, rowptr.device)
     if run is None:
         return _ops.csr_fma(rowptr, col, w, y, b, cy, rs, schedule)
     if schedule is not None:
@@ -146,8 +142,6 @@ def csr_schedule(rowptr: Tensor, col: Tensor) -> List[Tensor]:
     """The work schedule of a CSR as the kernels on its device read it (on a GPU: its segments
     and heavy rows, built on the device without a sync; on the CPU: none), for the ops that
     take it (:func:`csr_fma`, :func:`row_product`) instead of building it in every call."""
-    check_tensors(rowptr=rowptr, col=col)
-    check_csr(rowptr, col)
     return _ops.csr_schedule(rowptr, col)
 
 
@@ -159,8 +153,6 @@ def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: 
     one pass over the graph on a GPU. Once the float64 flag ``done[0]`` is nonzero (cg's
     flags) it writes nothing and returns zeros, without reading the flag on the host on a
     GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`)."""
-    if _checking():
-        check_row_product_args(rowptr, col, w, cy, rs, schedule, y, out, done)
     check_graph_data(trusted, rowptr, col, y)
     return _ops.row_product(rowptr, col, w, cy, rs, schedule, y, out, done)
 
@@ -170,10 +162,10 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
                        backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
     check_scalars(eps=eps)
-    if _checking():
-        check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
+    run = _backend(backend, check_neural_weight_grad_args, rowptr, col, a, p, q, z, v, eps,
+                   t_rowptr, t_col, t_perm)
     check_graph_data(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
-    run, eps = _backend(backend, rowptr.device), _scalar(eps)
+    eps = _scalar(eps)
     if run is None:
         return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
     return run.gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
@@ -187,9 +179,6 @@ def anderson_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: T
     j < count, the products in the dtype of the vectors), and writes d_f[slot] = f_new - f and
     d_g[slot] = gy_new - gy. All float32 or float64, contiguous, on the CPU (the GPU solves take
     the Triton record); 0 <= slot < count <= m."""
-    check_tensors(gy_new=gy_new, y_new=y_new, f=f, gy=gy, d_f=d_f, d_g=d_g)
-    check_same_device("anderson_record", gy_new=gy_new, y_new=y_new, f=f, gy=gy, d_f=d_f,
-                      d_g=d_g)
     for name, value in (("slot", slot), ("count", count)):  # their range: the op's check
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -166,6 +166,18 @@ def test_one_meta_tensor_direct_op(valid, op):
             assert "meta" in line, line
 
 
+@pytest.mark.parametrize("op", list(OPS)[:-1])
+def test_none_tensor_direct_op(valid, op):
+    """None for a Tensor argument reaches the compiled ops as an undefined tensor: it read as
+    shape [0] ("p must be 2-D ..., got shape [0]") or failed in device() without a name."""
+    for name in _tensor_args(op) + (["out", "done"] if op == "row_product" else []):
+        if op == "neural_weight_grad" and name.startswith("t_"):
+            continue  # optional: None is a symmetric graph ("go together" names all three)
+        line = assert_names(lambda: raw(torch.ops.dignn, op, valid, **{name: None}), name,
+                            RuntimeError)
+        assert line.startswith(f"{name} must be a tensor, got None"), line
+
+
 def test_check_graph_on_meta_names_rowptr(valid):
     """Cannot copy out of meta tensor: the data check now says why and what to do."""
     s = valid

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -30,8 +31,17 @@ using OptTensor = c10::optional<at::Tensor>;
 
 // ------------------------------------------------------------ shapes, dtypes, devices --
 
+// A Tensor argument given None from Python arrives undefined: refused naming it (its shape
+// would read as [0] and its device() throw without a name).
+inline void check_defined(std::initializer_list<std::pair<const at::Tensor*, const char*>> args) {
+  for (const auto& [t, name] : args) {
+    TORCH_CHECK(t->defined(), name, " must be a tensor, got None");
+  }
+}
+
 inline void check_csr(const at::Tensor& rowptr, const at::Tensor& col, const char* rowptr_name,
                       const char* col_name) {
+  check_defined({{&rowptr, rowptr_name}, {&col, col_name}});
   TORCH_CHECK(rowptr.dim() == 1 && rowptr.numel() >= 1, rowptr_name,
               " must be a 1-D tensor of n + 1 row offsets, got shape ", rowptr.sizes());
   TORCH_CHECK(rowptr.scalar_type() == at::kLong, rowptr_name, " must be int64, got ",
@@ -160,8 +170,8 @@ inline void check_transposed(const at::Tensor& t_rowptr, const at::Tensor& t_col
               "t_perm must be a 1-D int64 (or int32) tensor, got shape ", t_perm.sizes(),
               " and dtype ", t_perm.scalar_type());
   TORCH_CHECK(t_col.numel() == col.numel() && t_perm.numel() == col.numel(),
-              "t_col and t_perm must hold one entry per edge (", col.numel(), "), got ",
-              t_col.numel(), " and ", t_perm.numel());
+              "t_col and t_perm must hold one entry per edge (col has ", col.numel(),
+              " entries), got ", t_col.numel(), " and ", t_perm.numel());
   TORCH_CHECK(t_rowptr.device() == rowptr.device() && t_perm.device() == rowptr.device(),
               "t_rowptr, t_col and t_perm must be on the graph's device ", rowptr.device());
 }
@@ -191,6 +201,7 @@ inline int64_t check_neural_edge_weights_args(const at::Tensor& rowptr, const at
                                               const at::Tensor& a, const at::Tensor& p,
                                               const at::Tensor& q, double eps,
                                               bool storage16 = false) {
+  check_defined({{&a, "a"}, {&p, "p"}, {&q, "q"}});
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
   check_storage16_supported(p, "p", storage16);
   check_features(p, "p", n, rowptr, storage16);
@@ -206,6 +217,8 @@ inline int64_t check_neural_edge_weights_backward_args(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
     const at::Tensor& q, double eps, const at::Tensor& grad_w, const at::Tensor& t_rowptr,
     const at::Tensor& t_col, const at::Tensor& t_perm) {
+  check_defined({{&grad_w, "grad_w"}, {&t_rowptr, "t_rowptr"}, {&t_col, "t_col"},
+                 {&t_perm, "t_perm"}});
   const int64_t n = check_neural_edge_weights_args(rowptr, col, a, p, q, eps);
   check_values(grad_w, "grad_w", {col.numel()}, p, rowptr);
   check_transposed(t_rowptr, t_col, t_perm, rowptr, col);
@@ -216,6 +229,7 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
                                          const at::Tensor& w, const at::Tensor& chi,
                                          const at::Tensor& kappa, const at::Tensor& x,
                                          const at::Tensor& z, double mu) {
+  check_defined({{&w, "w"}, {&chi, "chi"}, {&kappa, "kappa"}, {&x, "x"}, {&z, "z"}});
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
   check_features(x, "x", n, rowptr);
   check_values(z, "z", x.sizes(), x, rowptr);
@@ -230,6 +244,7 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
 inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& col,
                                   const at::Tensor& w, const at::Tensor& y, const at::Tensor& b,
                                   const at::Tensor& cy, const at::Tensor& rs) {
+  check_defined({{&w, "w"}, {&y, "y"}, {&b, "b"}, {&cy, "cy"}, {&rs, "rs"}});
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
   check_features(y, "y", n, rowptr, /*storage_ok=*/true);
   const at::Tensor& like = is_storage16(y) ? w : y;
@@ -248,6 +263,8 @@ inline int64_t check_row_product_args(const at::Tensor& rowptr, const at::Tensor
                                       const at::Tensor& w, const at::Tensor& cy,
                                       const at::Tensor& rs, const at::Tensor& y,
                                       const at::Tensor& out, const at::Tensor& done) {
+  check_defined({{&w, "w"}, {&cy, "cy"}, {&rs, "rs"}, {&y, "y"}, {&out, "out"},
+                 {&done, "done"}});
   const int64_t n = check_graph_signal(rowptr, col, w, "w");
   check_compute_dtype(w, "w");
   check_values(w, "w", {col.numel()}, w, rowptr);
@@ -284,6 +301,7 @@ inline Transposed check_neural_weight_grad_args(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& p,
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
+  check_defined({{&a, "a"}, {&p, "p"}, {&q, "q"}, {&z, "z"}, {&v, "v"}});
   const int64_t n = check_graph_signal(rowptr, col, a, "a");
   check_features(z, "z", n, rowptr, /*storage_ok=*/true);
   const at::Tensor& like = is_storage16(z) ? a : z;
@@ -306,6 +324,7 @@ inline bool check_implicit_diffusion_args(const at::Tensor& rowptr, const at::Te
                                           const OptTensor& t_rowptr, const OptTensor& t_col,
                                           const OptTensor& t_perm,
                                           const OptDtype& storage_dtype) {
+  check_defined({{&edge_value, "edge_value"}, {&x, "x"}, {&chi, "chi"}});
   const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
   check_features(x, "x", n, rowptr);
   check_solve_storage(storage_dtype, x);
@@ -329,6 +348,8 @@ inline Transposed check_implicit_diffusion_backward_args(
     const OptTensor& t_col, const OptTensor& t_perm, const at::Tensor& x, const at::Tensor& chi,
     const OptTensor& p, const OptTensor& q, const at::Tensor& z, const at::Tensor& grad_z,
     double mu, double eps, int64_t max_iter, double tol, const OptDtype& storage_dtype) {
+  check_defined({{&edge_value, "edge_value"}, {&w, "w"}, {&kappa, "kappa"}, {&x, "x"},
+                 {&chi, "chi"}, {&z, "z"}, {&grad_z, "grad_z"}});
   const int64_t n = check_graph_signal(rowptr, col, edge_value, "edge_value");
   check_features(x, "x", n, rowptr);
   check_solve_storage(storage_dtype, x);
@@ -353,6 +374,8 @@ inline void check_anderson_record_args(const at::Tensor& gy_new, const at::Tenso
                                        const at::Tensor& f, const at::Tensor& gy,
                                        const at::Tensor& d_f, const at::Tensor& d_g,
                                        int64_t slot, int64_t count) {
+  check_defined({{&gy_new, "gy_new"}, {&y_new, "y_new"}, {&f, "f"}, {&gy, "gy"}, {&d_f, "d_f"},
+                 {&d_g, "d_g"}});
   TORCH_CHECK(gy_new.dim() == 2, "gy_new must be an n x d tensor, got shape ", gy_new.sizes());
   check_compute_dtype(gy_new, "gy_new");
   const std::pair<const at::Tensor*, const char*> signals[] = {
