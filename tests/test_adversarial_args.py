@@ -166,6 +166,20 @@ def test_one_meta_tensor_direct_op(valid, op):
             assert "meta" in line, line
 
 
+def test_one_meta_tensor_direct_solve_op(valid):
+    """The differentiable solve op called directly (its fake kernel picked for a stray meta
+    tensor returned empty results)."""
+    s = valid
+    args = dict(rowptr=s.rowptr, col=s.col, edge_value=s.a, x=s.x, chi=s.chi, p=s.p, q=s.q,
+                kappa=None, t_rowptr=s.t_rowptr, t_col=s.t_col, t_perm=s.t_perm,
+                diag_index=None)
+    for name in ("col", "edge_value", "chi", "q", "t_perm"):
+        bad = dict(args, **{name: args[name].to("meta")})
+        line = assert_names(lambda: torch.ops.dignn.implicit_solve(
+            *bad.values(), MU, EPS, 3, 0.0, "fixed_point", "cpu", -1, 5), name, RuntimeError)
+        assert "meta" in line, line
+
+
 @pytest.mark.parametrize("op", list(OPS)[:-1])
 def test_none_tensor_direct_op(valid, op):
     """None for a Tensor argument reaches the compiled ops as an undefined tensor: it read as

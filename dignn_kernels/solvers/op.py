@@ -32,8 +32,8 @@ from torch import Tensor
 
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
-from ..checks import (check_backend_device, check_flag, check_graph_data, check_scalars,
-                      check_solve_args, check_tensors)
+from ..checks import (check_backend_device, check_flag, check_graph_data, check_same_device,
+                      check_scalars, check_solve_args, check_tensors)
 from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
                     default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
 from ..laplacian import check_inverse_mu, coefficient_overflow_message
@@ -210,6 +210,10 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
 @_implicit_solve.register_fake
 def _(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index, mu,
       eps, max_iter, tol, solver, backend, check_every, window, storage_dtype=None):
+    # one stray meta tensor among real ones makes the dispatcher pick this kernel
+    check_same_device("dignn::implicit_solve", rowptr=rowptr, col=col, edge_value=edge_value,
+                      x=x, chi=chi, p=p, q=q, kappa=kappa, t_rowptr=t_rowptr, t_col=t_col,
+                      t_perm=t_perm, diag_index=diag_index)
     w = x.new_empty(col.shape[0]) if p is not None else x.new_empty(0)
     stats = torch.empty(4, dtype=torch.float64, device=x.device)
     return torch.empty_like(x), w, x.new_empty(rowptr.shape[0] - 1), stats
@@ -278,6 +282,10 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
 def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p, q, z,
       grad_z, mu, eps, max_iter, tol, solver, backend, check_every, window,
       storage_dtype=None):
+    check_same_device("dignn::implicit_solve_backward", rowptr=rowptr, col=col,
+                      edge_value=edge_value, w=w, kappa=kappa, t_rowptr=t_rowptr, t_col=t_col,
+                      t_perm=t_perm, diag_index=diag_index, x=x, chi=chi, p=p, q=q, z=z,
+                      grad_z=grad_z)
     grad_p = torch.empty_like(p) if p is not None else x.new_empty(0)
     grad_q = torch.empty_like(q) if q is not None else x.new_empty(0)
     return (torch.empty_like(x), torch.empty_like(chi), grad_p, grad_q,
