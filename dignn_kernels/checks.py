@@ -32,7 +32,7 @@ __all__ = ["check_scalars", "check_graph", "check_graph_data", "check_csr", "che
            "check_neural_edge_weights_args", "check_neural_edge_weights_backward_args",
            "check_diffusion_step_args", "check_csr_fma_args",
            "check_neural_weight_grad_args", "check_graph_args", "check_solve_args",
-           "check_int", "check_flag", "check_backend_device"]
+           "check_int", "check_flag", "check_backend_device", "check_projection_range"]
 
 # Tensors a pass may take in 16 bits (storage_dtype; backends.interface.STORAGE_DTYPES).
 _STORAGE = (torch.bfloat16, torch.float16)
@@ -305,6 +305,30 @@ def check_projections(p, q, like, n, rowptr) -> None:
     check_features(p, "p", n, rowptr)
     check_values(q, "q", p.shape, like, rowptr)
     check_values(p, "p", q.shape, like, rowptr)
+
+
+def check_projection_range(p: Tensor, name: str = "p") -> None:
+    """Raises ValueError naming ``p`` when its entries are so large that the neural edge
+    weights' pi_ij = p_i . p_j (paper eq. 13), summed in the compute dtype, can overflow: once
+    h max|p|^2 passes the dtype's largest value a partial sum may be inf, or inf - inf = NaN
+    with mixed signs, and tanh(|pi_ij|) then reads 1 or NaN where the exact pi_ij may be
+    small. Reads max|p| on the host: the solve runs it where it may read the host (its
+    ``host_checks``), the ops for a graph they check (not ``trusted``). Non-finite entries
+    are left to the solve's warning, which names them."""
+    if torch.compiler.is_compiling() or not isinstance(p, Tensor) or p.numel() == 0 or \
+            not p.is_floating_point() or p.device.type == "meta" or p.dim() != 2:
+        return  # (what is not a float signal: the op's own checks name it)
+    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
+    low, high = torch.aminmax(p.detach())
+    top = max(-float(low), float(high))
+    limit = math.sqrt(torch.finfo(compute).max / p.shape[-1])
+    if math.isfinite(top) and top > limit:
+        raise ValueError(
+            f"{name} reaches |{name}| = {top:.3g}, beyond {limit:.3g}: the neural edge weights' "
+            f"dot products {name}_i . {name}_j (paper eq. 13, summed over its {p.shape[-1]} "
+            f"channels in {compute}) can overflow there, and the weights would be wrong. "
+            f"Compute in torch.float64 (the layer: x and its parameters), or scale the "
+            f"features down.")
 
 
 def check_transposed(t_rowptr, t_col, t_perm, rowptr, col) -> bool:

@@ -40,7 +40,8 @@ from .backends.registration import register_edge_weights_autograd
 from .backends.schedule import CUDA_SEGMENT_EDGES
 from .checks import (check_backend_device, check_csr_fma_args, check_diffusion_step_args,
                      check_graph, check_graph_data, check_neural_edge_weights_args,
-                     check_neural_weight_grad_args, check_same_device, check_scalars)
+                     check_neural_weight_grad_args, check_projection_range, check_same_device,
+                     check_scalars)
 from .laplacian import row_coefficients
 
 __all__ = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", "csr_fma",
@@ -88,6 +89,8 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     check_scalars(eps=eps)
     run = _backend(backend, check_neural_edge_weights_args, rowptr, col, a, p, q, eps)
     check_graph_data(trusted, rowptr, col, p)
+    if not trusted:
+        check_projection_range(p)
     eps = _scalar(eps)
     if run is None:
         return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
@@ -99,6 +102,8 @@ def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_
     """dl/dp and dl/dq from dl/dW."""
     check_scalars(eps=eps)
     check_graph_data(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
+    if not trusted:
+        check_projection_range(p)
     return _ops.neural_edge_weights_backward(rowptr, col, a, p, q, _scalar(eps), grad_w, t_rowptr,
                                              t_col, t_perm)
 
@@ -165,6 +170,8 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
     run = _backend(backend, check_neural_weight_grad_args, rowptr, col, a, p, q, z, v, eps,
                    t_rowptr, t_col, t_perm)
     check_graph_data(trusted, rowptr, col, z, t_rowptr, t_col, t_perm)
+    if not trusted:
+        check_projection_range(p)
     eps = _scalar(eps)
     if run is None:
         return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)

@@ -223,9 +223,36 @@ def test_layer_with_features_near_1e30(solver, laplacian):
     wide.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
     with warnings.catch_warnings():
         warnings.simplefilter("error", DivergenceWarning)
+        if laplacian == "neural":  # p_i . p_j overflows float32: refused (see below)
+            with pytest.raises(ValueError, match=r"p reaches \|p\| = .*float64"):
+                layer(x, ei, a.float())
+            return
         z = layer(x, ei, a.float())
         want = wide(x.double(), ei, a)
     assert rel(z.detach(), want.detach()) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
+def test_projection_dot_overflow_is_refused(backend):
+    """p_i . p_j summed in float32 overflows once h max|p|^2 passes float32's range: with
+    mixed signs the exact dot may be 0 (here p_0 . p_1 = 0, so W_01 = 0) while the float32
+    sum is inf - inf = NaN, which the compiled CPU weights read as tanh = 1 and the torch and
+    Triton ones as NaN. The ops and the solve refuse such p, naming it; float64 computes it."""
+    rowptr, col = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    p = torch.tensor([[1e20, 1e20], [1e20, -1e20]])
+    q = torch.zeros(2, 2)
+    a = torch.ones(2)
+    with pytest.raises(ValueError, match=r"p reaches \|p\| = 1e\+20"):
+        dk.ops.neural_edge_weights(rowptr, col, a, p, q, backend=backend)
+    with pytest.raises(ValueError, match=r"p reaches"):
+        dk.ops.neural_weight_grad(rowptr, col, a, p, q, torch.ones(2, 1), torch.ones(2, 1),
+                                  backend=backend)
+    with pytest.raises(ValueError, match=r"p reaches"):
+        implicit_diffusion(rowptr, col, a, torch.ones(2, 1), torch.ones(2), p, q, mu=3.0,
+                           backend=backend)
+    w, _ = dk.ops.neural_edge_weights(rowptr, col, a.double(), p.double(), q.double(),
+                                      backend=backend)
+    assert w.tolist() == [0.0, 0.0]
 
 
 # ------------------------------------------------------------- 3. extreme mu --

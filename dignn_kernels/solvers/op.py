@@ -32,8 +32,9 @@ from torch import Tensor
 
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
-from ..checks import (check_backend_device, check_flag, check_graph_data, check_same_device,
-                      check_scalars, check_solve_args, check_tensors)
+from ..checks import (check_backend_device, check_flag, check_graph_data,
+                      check_projection_range, check_same_device, check_scalars,
+                      check_solve_args, check_tensors)
 from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
                     default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
 from ..laplacian import check_inverse_mu, coefficient_overflow_message
@@ -494,6 +495,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     host_checks = host_reads_allowed(x) if host_checks is None else \
         bool(host_checks) and host_reads_allowed(x)
     check_inverse_mu(float(mu), x.dtype)  # (the ValueError naming mu; no host read)
+    if host_checks and p is not None:
+        check_projection_range(p)  # (one read of max|p|, where the host may be read)
     z, _, kappa_out, stats = torch.ops.dignn.implicit_solve(
         rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
         float(mu), float(eps), max_iter, float(tol), solver, backend,
