@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Union
 import torch
 from torch import Tensor
 
+from ..archive import load_checked
 from ..graph import CSRGraph, build_graph
 from ..csr import csr_rows, diagonal_index
 
@@ -249,13 +250,7 @@ class GraphPartition:
         if os.path.isdir(path):
             raise ValueError(f"the partition file {path!r} is a folder; give the path of a "
                              f"file written by GraphPartition.save")
-        damage = _archive_damage(path)
-        if damage is not None:
-            raise _bad_file(path, damage)
-        try:
-            data = torch.load(path, mmap=True, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - truncated, damaged, foreign: all refused
-            raise _bad_file(path, f"it cannot be read ({_load_error(err)})") from None
+        data = load_checked(path, lambda why: _bad_file(path, why), mmap=True)
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"{path!r} is not a partition written by GraphPartition.save "
                              f"(format {_FORMAT}); partition the graph again and save it")
@@ -294,34 +289,6 @@ def _bad_file(path: str, why: str) -> ValueError:
     return ValueError(f"the partition file {path!r} cannot be used: {why}; it is damaged (a "
                       f"truncated or altered file) or not written by GraphPartition.save: "
                       f"partition the graph again and save it (or remove the file)")
-
-
-def _archive_damage(path: str) -> Optional[str]:
-    """Why the archive at ``path`` is damaged, or None: every record is compared with the
-    CRC-32 torch.save wrote (torch.load does not compare them, so a flipped bit would load as
-    a wrong node id or edge value). Unchecked when written without checksums."""
-    import zipfile
-    try:
-        with zipfile.ZipFile(path) as archive:
-            if any(r.CRC == 0 and r.file_size > 0 for r in archive.infolist()):
-                return None
-            bad = archive.testzip()
-    except zipfile.BadZipFile as err:
-        return f"it is not a torch.save archive ({err})"
-    except (OSError, EOFError, RuntimeError, ValueError) as err:
-        return f"it cannot be read whole ({type(err).__name__}: {err})"
-    return None if bad is None else f"its record {bad!r} does not match its checksum"
-
-
-def _load_error(err: BaseException) -> str:
-    """torch.load's failure in one short line."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if "Weights only load failed" in str(err):
-        detail = [line for line in lines[1:] if not line.startswith(("Please file",
-                                                                     "Check the doc"))]
-        return ("it holds something other than tensors and plain values" +
-                (f": {detail[0].rstrip('.')[:120]}" if detail else ""))
-    return f"{type(err).__name__}: {(lines or [''])[0].split('. ')[0][:160]}"
 
 
 _INDEX_KEYS = ("owned", "halo", "rowptr", "send_index", "send_counts", "recv_counts")

@@ -16,9 +16,10 @@ import os
 import re
 import socket
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import IO, Callable, Optional, Union
+
+from dignn_kernels.archive import archive_damage, describe_load_error
 
 __all__ = ["check_writable", "write_atomically", "temporary_path", "remove_stale_temporaries",
            "describe_load_error", "archive_damage"]
@@ -130,38 +131,3 @@ def check_writable(path: PathLike, what: str, example: str = "run.json") -> Path
     os.close(fd)
     os.unlink(probe)
     return target
-
-
-def describe_load_error(err: BaseException) -> str:
-    """One short line on why ``torch.load(weights_only=True)`` failed: torch's messages run
-    over many lines and, for weights-only refusals, suggest unpickling, which a damaged or
-    foreign file must not get."""
-    text = str(err)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "Weights only load failed" in text:
-        detail = [line for line in lines[1:] if not line.startswith(("Please file",
-                                                                     "Check the doc"))]
-        return ("it holds something other than tensors and plain values"
-                + (f" ({detail[0].rstrip('.')[:120]})" if detail else ""))
-    first = (lines or [type(err).__name__])[0]
-    return f"{type(err).__name__}: {first.split('. ')[0][:160]}"
-
-
-def archive_damage(path: PathLike, required: bool = True) -> Optional[str]:
-    """Why the ``torch.save`` archive at ``path`` is damaged, or None: every record is read
-    and compared with the CRC-32 torch.save wrote (torch.load does not compare them, so a
-    flipped bit in a tensor or in the pickled values would load as a wrong value).
-    ``required``: a file that is not a zip archive is damaged (else: not checked, as
-    torch.save's legacy format). An archive written without checksums
-    (``torch.serialization.set_crc32_options(False)``) is not checked."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            records = archive.infolist()
-            if any(r.CRC == 0 and r.file_size > 0 for r in records):
-                return None  # written without checksums
-            bad = archive.testzip()
-    except zipfile.BadZipFile as err:
-        return f"it is not a torch.save archive ({err})" if required else None
-    except (OSError, EOFError, RuntimeError, ValueError) as err:  # truncated inside a record
-        return f"it cannot be read whole ({type(err).__name__}: {err})"
-    return None if bad is None else f"its record {bad!r} does not match its checksum"

@@ -46,10 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dignn_kernels.archive import load_checked
+
 from .data import GraphDataset, InductiveDataset, NodeDataset, from_pyg, load_user_file
 from .device import describe_device, resolve_device
-from .files import (archive_damage, describe_load_error, remove_stale_temporaries,
-                    write_atomically)
+from .files import remove_stale_temporaries, write_atomically
 from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
 from .presets import TrainConfig, check_training_numbers
 from .spectral import check_mu
@@ -283,7 +284,7 @@ def _result_state(result: "SplitResult") -> Dict:
 
 def _save_with_checksums(state, f) -> None:
     """torch.save with CRC-32s of every record (whatever torch's global option says), which
-    :func:`~dignn.files.archive_damage` compares when resuming."""
+    :func:`~dignn_kernels.archive.archive_damage` compares when resuming."""
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(True)
     try:
@@ -515,13 +516,7 @@ class _RunCheckpoint:
         if not path.is_file():
             raise ValueError(f"resume: no checkpoint at {path}; start without resume "
                              f"(--resume) to write one there")
-        damage = archive_damage(path)
-        if damage is not None:
-            raise _damaged(path, damage)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - truncated, damaged, foreign: all refused
-            raise _damaged(path, f"it cannot be read: {describe_load_error(err)}") from None
+        state = load_checked(path, lambda why: _damaged(path, why), map_location="cpu")
         if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
             raise ValueError(f"{path} is not a dignn checkpoint of format "
                              f"{_CHECKPOINT_FORMAT}; start anew without resume (--resume), "
