@@ -439,7 +439,8 @@ def test_a_run_killed_while_writing_leaves_nothing_after_the_next(tmp_path):
               f"    f.write(b'x' * 1000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
               f"write_atomically({str(path)!r}, half)\n")
     env = {**os.environ, "PYTHONPATH": PYTHON_PATH}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=120,
+                          cwd=tmp_path)  # (not a source tree, which would shadow the package)
     assert proc.returncode == -signal.SIGKILL
     assert len(list(tmp_path.glob(".ck.pt.*.tmp"))) == 1 and not path.exists()
     from dignn.files import write_atomically
