@@ -15,12 +15,19 @@ from .solvers import SOLVERS
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
+#: The ``backend`` choices of :class:`FusedImplicitDiffusion`: ``"auto"`` (the first of
+#: :func:`available_backends` on the input's device), then every name of
+#: :data:`dignn_kernels.backends.BACKENDS`.
 BACKENDS = ("auto",) + backends.BACKENDS
 
 
-class FusedImplicitDiffusion(nn.Module):
-    sync_checks: Optional[bool] = None  # see the class docstring
+def _stat_property(index: int, doc: str) -> property:
+    """A read-only property of entry ``index`` of the layer's solve stats
+    (:meth:`FusedImplicitDiffusion._stat`)."""
+    return property(lambda self: self._stat(index), doc=doc)
 
+
+class FusedImplicitDiffusion(nn.Module):
     r"""The implicit graph diffusion layer of DIGNN (paper eq. 10):
     :math:`Z = X - \frac{1}{\mu} \Delta Z`, solved by fixed-point iteration from Z_0 = 0
     (eq. iter), or by conjugate gradient or Anderson acceleration, and differentiated
@@ -81,7 +88,50 @@ class FusedImplicitDiffusion(nn.Module):
     backward, ``backward_iterations`` and
     ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
     lambda_max(Delta)) gives a :class:`dignn_kernels.solvers.DivergenceWarning`.
+
+    Conventions for users of the authors' DIGNN code: this layer aggregates at
+    ``edge_index[1]`` (PyG's ``source_to_target`` flow: row i of Delta sums over the edges
+    (j, i)), the authors' code at ``edge_index[0]``; on an undirected graph (both directions
+    stored) the two agree, on a directed one pass ``edge_index.flip(0)`` to reproduce theirs.
+    ``tol`` is relative (||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F) and ``max_iter`` counts
+    sweeps (Z_1 = X is the first), while the authors' ``threshold`` is an absolute bound on
+    ||Z_t - Z_{t-1}||.
+
+    Raises:
+        ValueError: a constructor argument out of its range or not one of its choices (the
+            message names it and the choices); in ``forward``, x of the wrong shape, NaN or
+            Inf in x (with host checks), x and the graph or the parameters on different
+            devices, or a graph the build refuses (see :func:`~dignn_kernels.build_graph`).
+        TypeError: x not a floating tensor, or a constructor argument of the wrong type.
+        IndexError: ``edge_index`` holds a node index outside 0..num_nodes-1.
+        RuntimeError: ``backend`` names a backend that cannot run on x's device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import FusedImplicitDiffusion
+        >>> _ = torch.manual_seed(0)
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # path 0 - 1 - 2
+        >>> layer = FusedImplicitDiffusion(4, mu=2.2)  # the neural Laplacian
+        >>> x = torch.randn(3, 4, requires_grad=True)
+        >>> z = layer(x, edge_index)
+        >>> z.shape, z.dtype, layer.solver_used
+        (torch.Size([3, 4]), torch.float32, 'fixed_point')
+        >>> layer.iterations <= layer.max_iter and layer.residual >= 0
+        True
+        >>> z.sum().backward()
+        >>> x.grad.shape, layer.backward_iterations is not None
+        (torch.Size([3, 4]), True)
+
+        A constant signal is a fixed point of the random-walk Laplacian (Delta 1 = 0):
+
+        >>> rw = FusedImplicitDiffusion(4, mu=2.2, laplacian="rw")
+        >>> torch.allclose(rw(torch.ones(3, 4), edge_index), torch.ones(3, 4))
+        True
     """
+
+    #: Whether a forward may read values back to the host (the ``sync_checks`` argument);
+    #: the class default None, overridden per layer when the argument is given.
+    sync_checks: Optional[bool] = None
 
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
@@ -135,6 +185,15 @@ class FusedImplicitDiffusion(nn.Module):
         self._stats: Optional[Tensor] = None
 
     def reset_parameters(self) -> None:
+        """Re-draws the metric projections Θχ, Θφ, Θϕ of the neural Laplacian
+        (``nn.Linear``'s initialization); the fixed Laplacians have no parameters.
+
+        Example:
+            >>> layer = FusedImplicitDiffusion(4)
+            >>> layer.reset_parameters()
+            >>> layer.theta_chi.weight.shape
+            torch.Size([4, 4])
+        """
         if self.laplacian == "neural":
             for lin in (self.theta_chi, self.theta_phi, self.theta_varphi):
                 lin.reset_parameters()
@@ -152,33 +211,23 @@ class FusedImplicitDiffusion(nn.Module):
         value = float(stats[index % 3])
         return int(value) if index % 3 == 0 else value
 
-    @property
-    def iterations(self) -> Optional[int]:
-        """Iterations of the last forward solve (CSR sweeps for cg and anderson)."""
-        return self._stat(0)
-
-    @property
-    def residual(self) -> Optional[float]:
-        """Residual at the end of the last forward solve: ||Z_t - Z_{t-1}||_F for the fixed
-        point, ||X - Z - Delta Z / mu||_F for cg and anderson."""
-        return self._stat(1)
-
-    @property
-    def relative_residual(self) -> Optional[float]:
-        return self._stat(2)
-
-    @property
-    def backward_iterations(self) -> Optional[int]:
-        """Adjoint iterations of the last backward (None before one has run)."""
-        return self._stat(3)
-
-    @property
-    def backward_residual(self) -> Optional[float]:
-        return self._stat(4)
-
-    @property
-    def backward_relative_residual(self) -> Optional[float]:
-        return self._stat(5)
+    iterations = _stat_property(
+        0, "Iterations of the last forward solve (CSR sweeps for cg and anderson); None "
+           "before one ran.")
+    residual = _stat_property(
+        1, "Residual at the end of the last forward solve: ||Z_t - Z_{t-1}||_F for the fixed "
+           "point, ||X - Z - Delta Z / mu||_F for cg and anderson; None before one ran.")
+    relative_residual = _stat_property(
+        2, "``residual`` over ||Z_t||_F (fixed point) or ||X||_F (cg, anderson): what is "
+           "compared with ``tol``; None before a forward ran.")
+    backward_iterations = _stat_property(
+        3, "Adjoint iterations of the last backward (None before one has run, or under "
+           "torch.compile, where the backward's stats are not seen).")
+    backward_residual = _stat_property(
+        4, "Residual at the end of the last adjoint solve (None before a backward ran).")
+    backward_relative_residual = _stat_property(
+        5, "``backward_residual`` relative to the incoming gradient's norm, as compared with "
+           "``tol`` (None before a backward ran).")
 
     # --------------------------------------------------------------------- forward --
     def _resolve_backend(self, device: torch.device, num_entries: int) -> str:
@@ -225,6 +274,32 @@ class FusedImplicitDiffusion(nn.Module):
         return host_checks
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
+        """Z, the equilibrium of Z = X - (1/mu) Delta Z (eq. 10) for the input ``x``.
+
+        Args:
+            x: float Tensor [num_nodes, in_channels] (float32, float64, or 16-bit: solved in
+                float32 and returned in x's dtype), on the device of the layer's parameters.
+            edge_index: int64 (or int32) Tensor [2, num_edges], messages from
+                ``edge_index[0]`` to ``edge_index[1]`` (row i aggregates over the edges
+                (j, i), as PyG's ``source_to_target``); or a torch sparse tensor / torch_sparse
+                ``SparseTensor`` [num_nodes, num_nodes] read as PyG's ``adj_t``; or a
+                prebuilt :class:`~dignn_kernels.CSRGraph` (what ``torch.compile`` wants); or a
+                :class:`~dignn_kernels.distributed.DistributedGraph` (x and Z: the owned rows).
+            edge_weight: optional float Tensor [num_edges] of edge values a_ij >= 0 (default
+                1); not with a sparse tensor or a :class:`~dignn_kernels.CSRGraph`.
+
+        Returns:
+            Tensor: Z of x's shape and dtype, on x's device, in x's node order.
+
+        Raises:
+            ValueError, TypeError, IndexError, RuntimeError: see the class docstring.
+
+        Example:
+            >>> layer = FusedImplicitDiffusion(2, laplacian="sym")
+            >>> edge_index = torch.tensor([[0, 1], [1, 0]])
+            >>> layer(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), edge_index).shape
+            torch.Size([2, 2])
+        """
         if isinstance(edge_index, DistributedGraph):
             return self._forward_distributed(x, edge_index, edge_weight)
         host_checks = self._check_x(x)
