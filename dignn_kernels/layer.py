@@ -189,6 +189,7 @@ class FusedImplicitDiffusion(nn.Module):
         (``nn.Linear``'s initialization); the fixed Laplacians have no parameters.
 
         Example:
+            >>> from dignn_kernels import FusedImplicitDiffusion
             >>> layer = FusedImplicitDiffusion(4)
             >>> layer.reset_parameters()
             >>> layer.theta_chi.weight.shape
@@ -295,6 +296,8 @@ class FusedImplicitDiffusion(nn.Module):
             ValueError, TypeError, IndexError, RuntimeError: see the class docstring.
 
         Example:
+            >>> import torch
+            >>> from dignn_kernels import FusedImplicitDiffusion
             >>> layer = FusedImplicitDiffusion(2, laplacian="sym")
             >>> edge_index = torch.tensor([[0, 1], [1, 0]])
             >>> layer(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), edge_index).shape
@@ -377,6 +380,7 @@ class FusedImplicitDiffusion(nn.Module):
         return distributed_forward(self, x, graph, edge_weight)
 
     def extra_repr(self) -> str:
+        """The constructor's arguments as ``print(layer)`` shows them."""
         return (f"{self.in_channels}, mu={self.mu}, laplacian={self.laplacian!r}, "
                 f"metric_channels={self.metric_channels}, max_iter={self.max_iter}, "
                 f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}, "
