@@ -85,7 +85,42 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
                         eps: float = 1e-6, *, trusted: bool = False,
                         backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
-    their row sums kappa. Differentiable in p and q."""
+    their row sums kappa. Differentiable in p and q.
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        a: float Tensor [m], the edge values a_ij >= 0 (the compute dtype: float32 or
+            float64).
+        p: Tensor [n, h] of a's dtype, p = Θφ Θχ x (eq. 13).
+        q: Tensor [n, h] of a's dtype, q = Θϕ x (eq. 14).
+        eps: the epsilon of eq. 14, > 0.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+        backend: None (the compiled ops, on the tensors' device) or a name of
+            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
+            ``"torch"``) that can run on that device.
+
+    Returns:
+        (Tensor, Tensor): W [m] and kappa [n] (kappa_i = sum_j W_ij), in a's dtype.
+
+    Raises:
+        ValueError: ``eps`` not a finite number > 0, or p so large that p_i . p_j overflows
+            (unless ``trusted``).
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
+        >>> w, kappa = ops.neural_edge_weights(g.rowptr, g.col, g.value, p, p.clone())
+        >>> w.shape, kappa.shape
+        (torch.Size([4]), torch.Size([3]))
+        >>> torch.allclose(kappa, torch.stack([w[0], w[1] + w[2], w[3]]))
+        True
+    """
     check_scalars(eps=eps)
     run = _backend(backend, check_neural_edge_weights_args, rowptr, col, a, p, q, eps)
     check_graph_data(trusted, rowptr, col, p)
@@ -99,7 +134,40 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
 
 def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_col,
                                  t_perm, *, trusted: bool = False) -> Tuple[Tensor, Tensor]:
-    """dl/dp and dl/dq from dl/dW."""
+    """dl/dp and dl/dq from dl/dW: the backward of :func:`neural_edge_weights` (what its
+    autograd formula calls; the compiled ops only).
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        a, p, q, eps: as for :func:`neural_edge_weights`.
+        grad_w: Tensor [m] of a's dtype, dl/dW per CSR entry.
+        t_rowptr, t_col, t_perm: the transposed CSR and, per entry, the position of the
+            same edge in the CSR (:func:`dignn_kernels.graph.transpose_csr`); required
+            here, also on a symmetric graph.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+
+    Returns:
+        (Tensor, Tensor): dl/dp [n, h] and dl/dq [n, h].
+
+    Raises:
+        ValueError: ``eps`` not a finite number > 0, or p that overflows p_i . p_j.
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
+        >>> from dignn_kernels.graph import transpose_csr
+        >>> t_rowptr, t_col, t_perm = transpose_csr(g.rowptr, g.col, 3)
+        >>> gp, gq = ops.neural_edge_weights_backward(g.rowptr, g.col, g.value, p, p, 1e-6,
+        ...                                           torch.ones(4), t_rowptr, t_col, t_perm)
+        >>> gp.shape, gq.shape
+        (torch.Size([3, 2]), torch.Size([3, 2]))
+    """
     check_scalars(eps=eps)
     check_graph_data(trusted, rowptr, col, p, t_rowptr, t_col, t_perm)
     if not trusted:
@@ -112,15 +180,52 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
                    backend: Optional[str] = None) -> Tensor:
     """One forward iteration with cached weights: ``x - (1/mu) Delta z``,
     Delta z = (kappa z - W z) / chi (rows with chi = 0 keep x): the row pass with the row
-    coefficients of :func:`dignn_kernels.laplacian.row_coefficients`."""
+    coefficients of :func:`dignn_kernels.laplacian.row_coefficients`. From z = 0 and repeated,
+    it is the paper's iteration Z_(t+1) = X - (1/mu) Delta Z_t (eq. iter).
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        w: float Tensor [m], the edge weights W_ij (neural: :func:`neural_edge_weights`).
+        chi: Tensor [n] of w's dtype, the node mass (eq. 12); rows with chi <= 1e-30 do
+            not diffuse.
+        kappa: Tensor [n] of w's dtype, the diagonal of L = K - W.
+        x: Tensor [n, d] of w's dtype, the layer input X.
+        z: Tensor [n, d] of w's dtype, the current iterate.
+        mu: the source-constraint strength, a finite number > 0.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+        backend: None (the compiled ops, on the tensors' device) or a name of
+            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
+            ``"torch"``) that can run on that device.
+
+    Returns:
+        Tensor: x - (1/mu) Delta z, [n, d] in x's dtype.
+
+    Raises:
+        ValueError: ``mu`` not a finite number > 0, or so small that 1/(mu chi) overflows.
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> w, chi, kappa = g.fixed_laplacian("rw", torch.float32)  # Delta = I - D^-1 A
+        >>> x = torch.tensor([[1.0], [0.0], [1.0]])
+        >>> ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, x, 2.0)
+        tensor([[0.5000],
+                [0.5000],
+                [0.5000]])
+    """
     check_scalars(mu=mu)
     run = _backend(backend, check_diffusion_step_args, rowptr, col, w, chi, kappa, x, z, mu)
     check_graph_data(trusted, rowptr, col, x)
     mu = _scalar(mu)
     if run is None:
         return _ops.diffusion_step(rowptr, col, w, chi, kappa, x, z, mu)
-    cy, ca = row_coefficients(chi, kappa, mu, check=True)  # ValueError: 1/(mu chi) overflows
-    return run.row_pass(rowptr, col, w, z, x, cy, ca)
+    cy, rs = row_coefficients(chi, kappa, mu, check=True)  # ValueError: 1/(mu chi) overflows
+    return run.csr_fma(rowptr, col, w, z, x, cy, rs)
 
 
 def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = None,
@@ -132,7 +237,42 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = 
 
     ``schedule``: the graph's :func:`csr_schedule`, made once for many calls on one graph
     (a solve's sweeps); None makes it in the call. It is the compiled op's (``backend`` None);
-    the other backends make their own."""
+    the other backends make their own.
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        w: float Tensor [m], the weights W_ij of the entries.
+        y: Tensor [n, d] of w's dtype, the vector W multiplies.
+        b: Tensor [n, d] of w's dtype, the added term.
+        cy: Tensor [n] of w's dtype, the per-row coefficient of y.
+        rs: Tensor [n] of w's dtype, the per-row scale of W y.
+        schedule: the graph's :func:`csr_schedule` (``backend`` None only), or None.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+        backend: None (the compiled ops, on the tensors' device) or a name of
+            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
+            ``"torch"``) that can run on that device.
+
+    Returns:
+        Tensor: ``b + cy * y + rs * (W y)``, [n, d] in y's dtype.
+
+    Raises:
+        ValueError: a ``schedule`` with a ``backend`` other than None.
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> y = torch.tensor([[1.0], [2.0], [3.0]])
+        >>> ones = torch.ones(3)
+        >>> ops.csr_fma(g.rowptr, g.col, g.value, y, torch.zeros(3, 1), -ones, ones)
+        tensor([[ 1.],
+                [ 2.],
+                [-1.]])
+    """
     run = _backend(backend, check_csr_fma_args, rowptr, col, w, y, b, cy, rs)
     check_graph_data(trusted, rowptr, col, y)
     if run is None:
@@ -140,13 +280,31 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = 
     if schedule is not None:
         raise ValueError(f"schedule is taken by the compiled op (backend=None); backend="
                          f"{backend!r} makes its own: pass schedule=None")
-    return run.row_pass(rowptr, col, w, y, b, cy, rs)
+    return run.csr_fma(rowptr, col, w, y, b, cy, rs)
 
 
 def csr_schedule(rowptr: Tensor, col: Tensor) -> List[Tensor]:
     """The work schedule of a CSR as the kernels on its device read it (on a GPU: its segments
     and heavy rows, built on the device without a sync; on the CPU: none), for the ops that
-    take it (:func:`csr_fma`, :func:`row_product`) instead of building it in every call."""
+    take it (:func:`csr_fma`, :func:`row_product`) instead of building it in every call.
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers.
+        col: int32 or int64 Tensor [m], the CSR columns.
+
+    Returns:
+        List[Tensor]: the schedule's tensors (an empty list on the CPU).
+
+    Raises:
+        RuntimeError: rowptr or col of the wrong dtype, shape or device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)
+        >>> ops.csr_schedule(g.rowptr, g.col)  # the CPU kernels need none
+        []
+    """
     return _ops.csr_schedule(rowptr, col)
 
 
@@ -157,7 +315,41 @@ def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: 
     ``(out * y).sum(0)`` per channel (the exact products summed in float64, in y's dtype), in
     one pass over the graph on a GPU. Once the float64 flag ``done[0]`` is nonzero (cg's
     flags) it writes nothing and returns zeros, without reading the flag on the host on a
-    GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`)."""
+    GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`).
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        w: float Tensor [m], the weights W_ij.
+        cy, rs: Tensors [n] of w's dtype, the per-row coefficients (as in :func:`csr_fma`).
+        schedule: the graph's :func:`csr_schedule`.
+        y: Tensor [n, d] of w's dtype, the search direction.
+        out: Tensor of y's shape and dtype (not y), written with ``cy * y + rs * (W y)``.
+        done: float64 Tensor [>= 1], cg's flags; nonzero ``done[0]`` skips the sweep.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+
+    Returns:
+        Tensor: [d] in y's dtype, ``(out * y).sum(0)`` (zeros once ``done[0]`` is set).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> y = torch.tensor([[1.0], [2.0], [3.0]])
+        >>> out = torch.empty_like(y)
+        >>> ones = torch.ones(3)
+        >>> ops.row_product(g.rowptr, g.col, g.value, -ones, ones,
+        ...                 ops.csr_schedule(g.rowptr, g.col), y, out,
+        ...                 torch.zeros(1, dtype=torch.float64))
+        tensor([2.])
+        >>> out.flatten()
+        tensor([ 1.,  2., -1.])
+    """
     check_graph_data(trusted, rowptr, col, y)
     return _ops.row_product(rowptr, col, w, cy, rs, schedule, y, out, done)
 
@@ -165,7 +357,43 @@ def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: 
 def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=None,
                        t_col=None, t_perm=None, *, trusted: bool = False,
                        backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
-    """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i)."""
+    """The fused gradient pass: dl/dp, dl/dq with dl/dW_ij = v_i . (z_j - z_i), the chain rule
+    of :func:`neural_edge_weights` (eq. 13-14) applied to the adjoint v of the implicit
+    backward without storing dl/dW.
+
+    Args:
+        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
+        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        a, p, q, eps: as for :func:`neural_edge_weights`.
+        z: Tensor [n, d] of a's dtype, the equilibrium Z.
+        v: Tensor [n, d] of a's dtype, the adjoint, scaled by the row coefficients.
+        t_rowptr, t_col, t_perm: the transposed CSR and, per entry, the position of the
+            same edge in the CSR (:meth:`dignn_kernels.CSRGraph.transposed`); None on a
+            graph whose edge values are symmetric.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
+            :func:`dignn_kernels.build_graph`, valid by construction).
+        backend: None (the compiled ops, on the tensors' device) or a name of
+            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
+            ``"torch"``) that can run on that device.
+
+    Returns:
+        (Tensor, Tensor): dl/dp [n, h] and dl/dq [n, h], in a's dtype.
+
+    Raises:
+        ValueError: ``eps`` not a finite number > 0, or p that overflows p_i . p_j.
+        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
+            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph, ops
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
+        >>> z = torch.ones(3, 4)  # a constant Z: z_j - z_i = 0, no gradient
+        >>> gp, gq = ops.neural_weight_grad(g.rowptr, g.col, g.value, p, p, z, z)
+        >>> gp.abs().max().item(), gq.shape
+        (0.0, torch.Size([3, 2]))
+    """
     check_scalars(eps=eps)
     run = _backend(backend, check_neural_weight_grad_args, rowptr, col, a, p, q, z, v, eps,
                    t_rowptr, t_col, t_perm)
@@ -175,7 +403,7 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
     eps = _scalar(eps)
     if run is None:
         return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
-    return run.gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
+    return run.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
 
 
 def anderson_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: Tensor,
@@ -185,7 +413,35 @@ def anderson_record(gy_new: Tensor, y_new: Tensor, f: Tensor, gy: Tensor, d_f: T
     d] (||f_new||^2 per channel, then <d_f[j], d_f[slot]> and <d_f[j], f_new> per channel for
     j < count, the products in the dtype of the vectors), and writes d_f[slot] = f_new - f and
     d_g[slot] = gy_new - gy. All float32 or float64, contiguous, on the CPU (the GPU solves take
-    the Triton record); 0 <= slot < count <= m."""
+    the Triton record); 0 <= slot < count <= m.
+
+    Args:
+        gy_new: Tensor [n, d], G(y_new), the map applied to the new iterate.
+        y_new: Tensor [n, d], the new iterate.
+        f: Tensor [n, d], the previous residual f = G(y) - y.
+        gy: Tensor [n, d], the previous G(y).
+        d_f: Tensor [m, n, d], the residual differences (slot ``slot`` written).
+        d_g: Tensor [m, n, d], the differences of G (slot ``slot`` written).
+        slot: int, the history slot to write.
+        count: int, the slots in use after this record.
+
+    Returns:
+        (Tensor, Tensor): f_new [n, d] and the float64 sums [1 + 2 count, d].
+
+    Raises:
+        TypeError: ``slot`` or ``count`` not an int.
+        RuntimeError: tensors not float32/float64, not contiguous, not on the CPU, of
+            mismatched shapes, or slot and count out of range.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import ops
+        >>> y, gy_new = torch.zeros(2, 1), torch.ones(2, 1)
+        >>> d_f, d_g = torch.zeros(3, 2, 1), torch.zeros(3, 2, 1)
+        >>> f_new, sums = ops.anderson_record(gy_new, y, y, y, d_f, d_g, 0, 1)
+        >>> f_new.flatten(), sums.flatten()
+        (tensor([1., 1.]), tensor([2., 2., 2.], dtype=torch.float64))
+    """
     for name, value in (("slot", slot), ("count", count)):  # their range: the op's check
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
