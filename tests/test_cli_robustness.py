@@ -522,16 +522,18 @@ def test_numbers_out_of_range(capsys, monkeypatch):
     def no_data(*_):
         raise AssertionError("the data was read before the numbers were checked")
     monkeypatch.setattr(cli, "_load", no_data)
-    for flag, value, fragment in (("--seed", str(2**70), "--seed"),
-                                  ("--lr", "-1", "--lr"), ("--lr", "nan", "--lr"),
-                                  ("--weight-decay", "-0.5", "--weight-decay"),
-                                  ("--weight-decay", "inf", "--weight-decay")):
-        refused(["train", flag, value, *TINY], capsys, fragment)
-    for flag, value, fragment in (("--threads", "1000000000", "at most"),
+    # argparse's own error, while parsing (tests/test_cli_args.py checks every flag)
+    for flag, value, fragment in (("--seed", str(2**70), "magnitude below 2**62"),
+                                  ("--lr", "-1", "> 0"), ("--lr", "nan", "finite"),
+                                  ("--weight-decay", "-0.5", ">= 0"),
+                                  ("--weight-decay", "inf", "finite"),
+                                  ("--threads", "1000000000", "at most"),
                                   ("--num-splits", "1000000000", "at most 1000")):
-        with pytest.raises(SystemExit):  # argparse's own one line (an OpenMP abort before)
+        with pytest.raises(SystemExit) as exc:  # (--threads: an OpenMP abort before)
             cli.main(["train", flag, value, *TINY])
-        assert fragment in capsys.readouterr().err
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"dignn train: error: argument {flag}: " in err and fragment in err, err
     with pytest.raises(ValueError, match="--threads must be an integer"):
         dignn.device.choose_threads(10, requested=10**9)
 
@@ -550,12 +552,16 @@ def test_out_of_memory_is_one_line(capsys, monkeypatch):
 
 def test_plot_bad_names(tmp_path, capsys):
     out = ["--epochs", "1", "--out", str(tmp_path / "figure.png")]
-    refused(["plot", "mu", "--dataset", "no-such", *out], capsys, "no-such", command="plot")
-    refused(["plot", "convergence", "--datasets", "no-such", *out], capsys, "no-such",
-            command="plot")
-    # formerly drew an empty figure
-    refused(["plot", "convergence", "--datasets", ",", *out], capsys, "--datasets",
-            command="plot")
+    for argv, fragment in ((["mu", "--dataset", "no-such"], "invalid choice: 'no-such'"),
+                           (["mu", "--dataset", "mutag"], "the figures are drawn on node"),
+                           (["convergence", "--datasets", "no-such"], "'no-such'"),
+                           # formerly drew an empty figure
+                           (["convergence", "--datasets", ","], "names no dataset")):
+        with pytest.raises(SystemExit) as exc:  # refused while parsing
+            cli.main(["plot", *argv, *out])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"dignn plot {argv[0]}: error: argument --dataset" in err and fragment in err
     assert not list(tmp_path.iterdir())
 
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import difflib
+import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -26,79 +29,238 @@ from typing import List, Optional, Sequence
 __all__ = ["main", "build_parser"]
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,2, "
-                                         f"got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one split index, e.g. 0,1,2")
-    return values
+# ----------------------------------------------------- the flags' parse-time types --
+# Every numeric flag of every subcommand takes one of these types: argparse refuses a value
+# out of range while parsing, before any data is read, in one line naming the flag and the
+# range (``dignn train: error: argument --mu: got '-1'; give a finite number > 0``).
+
+INT64_MAX = 2**63 - 1  # the ops take their integers as int64 (dignn_kernels.checks.check_int)
 
 
-def _float_list(text: str) -> List[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as "
-                                         f"1,1.25,2, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
+class _Number:
+    """The type of a numeric flag: an int or a finite float in [low, high] (an end is open
+    where ``low_open`` / ``high_open``; None: unbounded; ints stay within int64). ``what``:
+    the range in words where the bounds do not say it well; ``why``: a note after it."""
+
+    def __init__(self, kind: type, low=None, high=None, *, low_open: bool = False,
+                 high_open: bool = False, what: Optional[str] = None,
+                 why: Optional[str] = None):
+        self.kind, self.low, self.high = kind, low, high
+        self.low_open, self.high_open, self.what, self.why = low_open, high_open, what, why
+
+    def describe(self) -> str:
+        """The allowed values in words, e.g. ``a number in [0, 1)``."""
+        if self.what is not None:
+            text = self.what
+        else:
+            noun = "an integer" if self.kind is int else "a finite number"
+            low = None if self.low is None else \
+                f"{'>' if self.low_open else '>='} {self.low:g}"
+            high = None if self.high is None else \
+                f"{'below' if self.high_open else 'at most'} {self.high:g}"
+            if low is not None and high is not None and self.kind is float:
+                text = (f"a number in {'(' if self.low_open else '['}{self.low:g}, "
+                        f"{self.high:g}{')' if self.high_open else ']'}")
+            else:
+                text = " ".join([noun] + [b for b in (low, "and" if low and high else None,
+                                                      high) if b])
+        return text + (f" ({self.why})" if self.why else "")
+
+    def check(self, value, text: Optional[str] = None):
+        """``value`` if it is in range, else an ``argparse.ArgumentTypeError`` saying the
+        range (and quoting ``text``, what was typed, where given)."""
+        shown = repr(value if text is None else text)
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        high_ok = self.high is None or (value < self.high if self.high_open
+                                        else value <= self.high)
+        if not (low_ok and high_ok):
+            raise argparse.ArgumentTypeError(f"got {shown}; give {self.describe()}")
+        if self.kind is int and abs(value) > INT64_MAX:
+            raise argparse.ArgumentTypeError(f"got {shown}; give {self.describe()} and at "
+                                             f"most 2**63 - 1 (an int64)")
+        return value
+
+    def parse(self, text: str):
+        """The number ``text`` spells (an ``argparse.ArgumentTypeError`` if none)."""
+        try:
+            value = self.kind(text)
+        except ValueError:
+            value = None
+        if value is None or (self.kind is float and not math.isfinite(value)):
+            noun = "an integer" if self.kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}; give "
+                                             f"{self.describe()}")
+        return value
+
+    def __call__(self, text: str):
+        return self.check(self.parse(text), text)
+
+    def __repr__(self) -> str:  # argparse names the type in some messages
+        return self.describe()
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
+POSITIVE = _Number(float, 0, low_open=True)
+NON_NEGATIVE = _Number(float, 0)
+PROBABILITY = _Number(float, 0, 1, high_open=True)
+POSITIVE_INT = _Number(int, 1)
+INDEX = _Number(int, 0)
+SHARE = _Number(float, 0, 1, low_open=True, high_open=True)
 # Each split trains a model: more than this is a typo (or an attempt to exhaust memory).
 MAX_SPLITS = 1000
+NUM_SPLITS = _Number(int, 1, MAX_SPLITS, why="each split trains a model")
+# A collective's wait: beyond about a year is no bound at all, and torch keeps it in int64
+# microseconds.
+MAX_TIMEOUT = 3.2e7
+TIMEOUT = _Number(float, 0, MAX_TIMEOUT, low_open=True, why="seconds")
 
 
-def _num_splits(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_SPLITS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_SPLITS} splits (each trains "
-                                         f"a model), got {text!r}")
-    return value
+def _seed_type() -> _Number:
+    from .presets import _SEED_LIMIT  # the one bound of the seed, with its reason, there
+    return _Number(int, -_SEED_LIMIT, _SEED_LIMIT, low_open=True, high_open=True,
+                   what="an integer of magnitude below 2**62")
 
 
 def _threads(text: str) -> int:
+    """``--threads``: a positive integer, at most a few per core this process may use."""
     from .catalog import MAX_THREADS_PER_CORE, usable_cores
-    value, cores = _positive_int(text), usable_cores()
-    if value > MAX_THREADS_PER_CORE * cores:
-        raise argparse.ArgumentTypeError(
-            f"expected at most {MAX_THREADS_PER_CORE * cores} threads ({MAX_THREADS_PER_CORE} "
-            f"per core; this process may use {cores} cores), got {text!r}")
-    return value
+    cores = usable_cores()
+    return _Number(int, 1, MAX_THREADS_PER_CORE * cores,
+                   why=f"{MAX_THREADS_PER_CORE} per core; this process may use {cores} "
+                       f"cores")(text)
 
 
-def _dataset_arg(text: str) -> str:
-    """A known dataset name (lower-cased) or the path of an existing file (kept as given)."""
-    from .catalog import DATASETS
-    if text.lower() in DATASETS:
-        return text.lower()
-    if Path(text).expanduser().is_file():
-        return text
-    raise argparse.ArgumentTypeError(
-        f"invalid choice: {text!r} (choose from {', '.join(sorted(DATASETS))}, or give the "
-        f"path of an existing file holding a torch_geometric Data or InMemoryDataset saved "
-        f"with torch.save)")
+class _Numbers:
+    """The type of a comma-separated list of numbers of one :class:`_Number` type (``count``
+    of them where given), e.g. ``0,1,2``."""
+
+    def __init__(self, item: _Number, example: str, count: Optional[int] = None):
+        self.item, self.example, self.count = item, example, count
+
+    def describe(self) -> str:
+        many = f"{self.count}" if self.count else "comma-separated"
+        return f"{many} values such as {self.example}, each {self.item.describe()}"
+
+    def __call__(self, text: str) -> list:
+        parts = [v.strip() for v in text.split(",") if v.strip() != ""]
+        if not parts or (self.count and len(parts) != self.count):
+            raise argparse.ArgumentTypeError(f"got {text!r}; give {self.describe()}")
+        values = []
+        for v in parts:
+            try:
+                values.append(self.item(v))
+            except argparse.ArgumentTypeError as err:
+                raise argparse.ArgumentTypeError(f"in {text!r}: {err}") from None
+        return values
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+SPLIT_LIST = _Numbers(INDEX, "0,1,2")
+MU_LIST = _Numbers(POSITIVE, "1,1.25,2")
+_SHARES = _Numbers(SHARE, "0.6,0.2,0.2", count=3)
 
 
 def _split_ratio(text: str) -> List[float]:
-    values = _float_list(text)
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"expected three shares train,val,test such as "
-                                         f"0.6,0.2,0.2, got {text!r}")
+    """``--split-ratio``: three shares train,val,test, each in (0, 1), summing to at most 1
+    (what :func:`dignn.data.custom.load_user_file` takes)."""
+    try:
+        values = _SHARES(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"expected three shares train,val,test: {err}") \
+            from None
+    if sum(values) > 1.0 + 1e-9:
+        raise argparse.ArgumentTypeError(f"the three shares in {text!r} sum to "
+                                         f"{sum(values):g}; give shares summing to at most 1, "
+                                         f"such as 0.6,0.2,0.2")
     return values
+
+
+# ----------------------------------------------------------- names: did you mean --
+
+def _close_names(text: str, names) -> str:
+    """`` (did you mean a or b?)`` for the names of ``names`` close to ``text``, else ``""``."""
+    close = difflib.get_close_matches(str(text).lower(), [str(n) for n in names], n=3)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of a choice (a subcommand, --preset, --solver, ...)
+    also names the choices close to what was typed."""
+
+    def _check_value(self, action, value):
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as err:
+            hint = _close_names(value, action.choices or ())
+            if not hint:
+                raise
+            raise argparse.ArgumentError(action, err.message + hint) from None
+
+
+def _looks_like_path(text: str) -> bool:
+    """Whether ``--dataset TEXT`` means a file: the dataset names have no folder, no suffix
+    and no leading ``~`` or ``.``."""
+    seps = [s for s in (os.sep, os.altsep) if s]
+    return any(s in text for s in seps) or text.startswith(("~", ".")) or \
+        Path(text).suffix != ""
+
+
+def _dataset_arg(text: str) -> str:
+    """A known dataset name (lower-cased) or the path of an existing file (kept as given);
+    a name close to a known one is answered with it."""
+    from .catalog import DATASETS
+    if text.lower() in DATASETS:
+        return text.lower()
+    path = Path(text).expanduser()
+    if path.is_file():
+        return text
+    names = ", ".join(sorted(DATASETS))
+    file_help = ("the path of an existing file holding a torch_geometric Data or "
+                 "InMemoryDataset saved with torch.save")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} is a folder, not a "
+                                         f"dataset file; give {file_help}, or a dataset "
+                                         f"name: {names}")
+    if _looks_like_path(text):
+        raise argparse.ArgumentTypeError(f"invalid choice: no file at {text!r}; give "
+                                         f"{file_help}, or a dataset name: {names}")
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r}{_close_names(text, DATASETS)} (choose from {names}, or "
+        f"give {file_help})")
+
+
+def _node_dataset(text: str) -> str:
+    """A node-classification dataset's name (lower-cased), the figures' data."""
+    from .catalog import DATASETS
+    nodes = sorted(n for n, task in DATASETS.items() if task == "node")
+    name = text.strip().lower()
+    if name in nodes:
+        return name
+    if name in DATASETS:
+        what = f"{name!r} is a {DATASETS[name]} dataset; the figures are drawn on node datasets"
+    else:
+        what = f"invalid choice: {name!r}{_close_names(name, nodes)}"
+    raise argparse.ArgumentTypeError(f"{what} (choose from {', '.join(nodes)})")
+
+
+def _node_datasets(text: str) -> List[str]:
+    """Comma-separated node dataset names (at least one)."""
+    names = [_node_dataset(n) for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no dataset ({text!r}); give comma-separated "
+                                         f"names such as csbm or cora,chameleon")
+    return names
+
+
+def _option(p, *flags: str, **how) -> None:
+    """``p.add_argument(*flags, **how)``; a flag whose type says its range (:class:`_Number`,
+    :class:`_Numbers`) has the range appended to its help, so that ``--help`` states what
+    the parse accepts."""
+    kind = how.get("type")
+    if hasattr(kind, "describe") and how.get("help"):
+        how["help"] = f"{how['help']}; {kind.describe()}"
+    p.add_argument(*flags, **how)
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -112,19 +274,129 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
     """Where and how a run executes: device, threads, compilation, progress."""
-    from .catalog import DEVICE_HELP
+    from .catalog import DEVICE_HELP, MAX_THREADS_PER_CORE
     p.add_argument("--device", default="auto", metavar="DEV", help=DEVICE_HELP)
     p.add_argument("--threads", type=_threads, default=None, metavar="N",
                    help="torch CPU threads (default: 1 for small graphs, where more threads "
-                        "only wait on each other, else every core this process may use)")
+                        "only wait on each other, else every core this process may use); "
+                        f"an integer >= 1 and at most {MAX_THREADS_PER_CORE} per core this "
+                        f"process may use")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile each model's forward (default: off)")
-    p.add_argument("--sync-every", type=_positive_int, default=10, metavar="K",
-                   help="epochs between the host reads that update the progress bar and "
-                        "test --patience (default: 10; nothing else leaves the device)")
+    _option(p, "--sync-every", type=POSITIVE_INT, default=10, metavar="K",
+            help="epochs between the host reads that update the progress bar and test "
+                 "--patience (default: 10; nothing else leaves the device)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction,
                    default=progress_default,
                    help=f"progress bars on stderr (default: {'on' if progress_default else 'off'})")
+
+
+def _overrides() -> list:
+    """The options that override a preset's TrainConfig fields, as (flag, add_argument
+    keywords); each defaults to None (the preset's value)."""
+    from .catalog import BACKENDS, REORDERINGS, SOLVERS
+    return [
+        ("--mu", dict(type=POSITIVE, metavar="MU",
+                      help="source-constraint strength mu of Z = X - (1/mu) Delta Z")),
+        ("--hidden", dict(type=POSITIVE_INT, metavar="N",
+                          help="hidden width (the paper's num hid)")),
+        ("--lr", dict(type=POSITIVE, metavar="LR", help="Adam learning rate")),
+        ("--weight-decay", dict(type=NON_NEGATIVE, metavar="WD", help="Adam weight decay")),
+        ("--dropout", dict(type=PROBABILITY, metavar="P",
+                           help="dropout rate after each layer")),
+        ("--max-iter", dict(type=POSITIVE_INT, metavar="N",
+                            help="most iterations (CSR sweeps) of the implicit layer's "
+                                 "solves")),
+        ("--tol", dict(type=NON_NEGATIVE, metavar="TOL",
+                       help="relative tolerance of the implicit layer's solves: fixed_point "
+                            "stops at the first sweep t with ||Z_t - Z_{t-1}||_F <= tol "
+                            "||Z_t||_F, cg and anderson once ||X - Z - Delta Z / mu||_F <= "
+                            "tol ||X||_F, within --max-iter sweeps (the authors' code's "
+                            "threshold is another test: an absolute bound on ||Z_t - "
+                            "Z_{t-1}|| that runs max_iter + 2 applications)")),
+        ("--input-unit", dict(choices=["mlp", "adj", "linkx"],
+                              help="input unit: mlp on X, adj on A X, or linkx "
+                                   "MLP(concat(MLP(A), MLP(X)))")),
+        ("--patience", dict(type=POSITIVE_INT, metavar="N",
+                            help="stop a split after N epochs without a better validation "
+                                 "accuracy")),
+        ("--seed", dict(type=_seed_type(), metavar="S",
+                        help="base seed; split k trains with seed S + k")),
+        ("--solver", dict(choices=SOLVERS,
+                          help="the implicit layer's solver (cg: exact for every mu > 0)")),
+        ("--backend", dict(choices=BACKENDS,
+                           help="the implicit layer's kernels (default auto: cpu on the CPU; "
+                                "on a GPU cuda, or triton for graphs of 2M CSR entries and "
+                                "more)")),
+        ("--dtype", dict(choices=["float32", "float64"],
+                         help="the model's parameters and features (default float32; float64 "
+                              "to compare runs to rounding, e.g. distributed against one "
+                              "process)")),
+        ("--reorder", dict(choices=REORDERINGS,
+                           help="renumber the nodes for memory locality inside the implicit "
+                                "layer (rcm, degree, community or auto; transparent to the "
+                                "results' order; default none)")),
+        ("--storage-dtype", dict(choices=["bfloat16", "float16"],
+                                 help="store the implicit layer's iterates in 16 bits, sums in "
+                                      "float32 (fixed_point solver; every backend)")),
+        ("--spectral-norm", dict(action=argparse.BooleanOptionalAction,
+                                 help="spectrally normalize the neural Laplacian's Θχ and Θφ "
+                                      "(--no-spectral-norm turns off what a preset turns on)")),
+    ]
+
+
+def _add_training_args(p: argparse.ArgumentParser, json_help: str) -> None:
+    """The options ``dignn train`` and ``dignn sweep`` share (the dataset, its splits, the
+    preset and its overrides, the protocol, where the run executes) and ``--json``, which
+    each describes in ``json_help``."""
+    from .catalog import DATASETS
+    from .presets import PRESETS
+    from .protocols import PROTOCOLS
+    p.add_argument("--dataset", default="csbm", type=_dataset_arg, metavar="NAME|FILE",
+                   help=f"dataset: one of {', '.join(sorted(DATASETS))} (default: csbm, a "
+                        f"generated graph that needs no files), or a file written by "
+                        f"torch.save holding a torch_geometric Data (node classification; "
+                        f"splits from its train/val/test masks or --split-ratio) or an "
+                        f"InMemoryDataset / list of Data with one label per graph (graph "
+                        f"classification); such a file trains with the generic user-data "
+                        f"preset and is read without running code from it "
+                        f"(torch.load(weights_only=True)); see --trust-pickle")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="--dataset FILE: also read a file that only full unpickling loads "
+                        "(e.g. torch.save(dataset) of a dataset class); unpickling runs code "
+                        "the file names: only for files you trust (Python: "
+                        "load_user_file(..., allow_pickle=True))")
+    p.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
+                   help="dataset file without masks: seeded random splits with these shares "
+                        "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2: each in (0, 1), "
+                        "summing to at most 1")
+    _option(p, "--num-splits", type=NUM_SPLITS, default=None, metavar="N",
+            help="dataset file: the number of --split-ratio splits or of cross-validation "
+                 "folds of graphs (default 10); csbm and penn94-synthetic: the number of "
+                 "generated splits")
+    _add_data_args(p)
+    p.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
+                   help="the implicit layer's Laplacian: neural (the learnable graph neural "
+                        "Laplacian Delta_Phi, table 7) or rw (random walk, table 6); "
+                        "default: neural")
+    _option(p, "--splits", type=SPLIT_LIST, default=None, metavar="0,1,...",
+            help="split (fold) indices to run (default: all)")
+    _option(p, "--epochs", type=POSITIVE_INT, default=None, metavar="N",
+            help="training epochs per split (default: the preset's)")
+    p.add_argument("--preset", default="tuned", choices=list(PRESETS),
+                   help="hyperparameters: 'paper' = appendix tables 6 (rw) and 7 (neural); "
+                        "'tuned' (default) = those with the changes listed in the README")
+    p.add_argument("--json", metavar="PATH", default=None, help=json_help)
+    p.add_argument("--protocol", choices=PROTOCOLS, default="holdout",
+                   help="holdout (default, every dataset): per split the epoch of best "
+                        "validation accuracy, its test accuracy reported; gin (graph datasets): "
+                        "GIN's 10-fold cross-validation, train on 9 folds, report the mean "
+                        "held-out accuracy at the one epoch maximizing it (the paper's table 5 "
+                        "protocol; optimistic: no separate test set)")
+    over = p.add_argument_group("overrides of the preset")
+    for flag, how in _overrides():
+        _option(over, flag, default=None, **how)
+    _add_run_args(p, progress_default=True)
 
 
 def _add_train_only_args(t: argparse.ArgumentParser) -> None:
@@ -135,9 +407,8 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                     help="save the run's state to PATH (replaced atomically): model, "
                          "optimizer, epoch, split, model selection, random generators and "
                          "the finished splits' results")
-    ck.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="K",
-                    help="with --checkpoint: save every K epochs (default 10) and after each "
-                         "split")
+    _option(ck, "--checkpoint-every", type=POSITIVE_INT, default=None, metavar="K",
+            help="with --checkpoint: save every K epochs (default 10) and after each split")
     ck.add_argument("--resume", action="store_true",
                     help="with --checkpoint: continue the run saved there (same dataset, "
                          "settings and splits); the per-epoch losses are those of the "
@@ -157,111 +428,28 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                     help="read the partition from PATH, or write it there when missing, so "
                          "that a big graph is partitioned once (it must have one part per "
                          "process)")
-    dd.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                    help="the most any collective may wait (default 300): when a process "
-                         "dies or hangs, the others stop with an error within it instead of "
-                         "waiting forever; it also bounds the wait for rank 0 to prepare the "
-                         "dataset's cache and the partition")
+    _option(dd, "--timeout", type=TIMEOUT, default=300.0, metavar="SECONDS",
+            help="the most any collective may wait (default 300): when a process dies or "
+                 "hangs, the others stop with an error within it instead of waiting "
+                 "forever; it also bounds the wait for rank 0 to prepare the dataset's "
+                 "cache and the partition")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``dignn``: every value is checked here, before any data is read
+    (numbers against their ranges, names against the choices, with the close ones named)."""
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
-    from .catalog import BACKENDS, DATASETS, REORDERINGS, SOLVERS
-    from .presets import PRESETS
-    from .protocols import PROTOCOLS
-    parser = argparse.ArgumentParser(prog="dignn", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="dignn", description=__doc__.split("\n\n")[1],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train DIGNN and report test accuracy per split")
-    t.add_argument("--dataset", default="csbm", type=_dataset_arg, metavar="NAME|FILE",
-                   help=f"dataset: one of {', '.join(sorted(DATASETS))} (default: csbm, a "
-                        f"generated graph that needs no files), or a file written by "
-                        f"torch.save holding a torch_geometric Data (node classification; "
-                        f"splits from its train/val/test masks or --split-ratio) or an "
-                        f"InMemoryDataset / list of Data with one label per graph (graph "
-                        f"classification); such a file trains with the generic user-data "
-                        f"preset and is read without running code from it "
-                        f"(torch.load(weights_only=True)); see --trust-pickle")
-    t.add_argument("--trust-pickle", action="store_true",
-                   help="--dataset FILE: also read a file that only full unpickling loads "
-                        "(e.g. torch.save(dataset) of a dataset class); unpickling runs code "
-                        "the file names: only for files you trust (Python: "
-                        "load_user_file(..., allow_pickle=True))")
-    t.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
-                   help="dataset file without masks: seeded random splits with these shares "
-                        "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2")
-    t.add_argument("--num-splits", type=_num_splits, default=None, metavar="N",
-                   help="dataset file: the number of --split-ratio splits or of "
-                        "cross-validation folds of graphs (default 10); csbm and "
-                        "penn94-synthetic: the number of generated splits (at most "
-                        f"{MAX_SPLITS})")
-    _add_data_args(t)
-    t.add_argument("--laplacian", default="neural", choices=["neural", "rw"],
-                   help="the implicit layer's Laplacian: neural (the learnable graph neural "
-                        "Laplacian Delta_Phi, table 7) or rw (random walk, table 6); "
-                        "default: neural")
-    t.add_argument("--splits", type=_int_list, default=None, metavar="0,1,...",
-                   help="split (fold) indices to run (default: all)")
-    t.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
-                   help="training epochs per split (default: the preset's)")
-    t.add_argument("--preset", default="tuned", choices=list(PRESETS),
-                   help="hyperparameters: 'paper' = appendix tables 6 (rw) and 7 (neural); "
-                        "'tuned' (default) = those with the changes listed in the README")
-    t.add_argument("--json", metavar="PATH", default=None,
-                   help='write {"dataset", "laplacian", "test_acc": [per split], "mean", '
-                        '"std"} (accuracies as fractions), the device, torch version, backend, '
-                        'ms per epoch and the config')
-    t.add_argument("--protocol", choices=PROTOCOLS, default="holdout",
-                   help="holdout (default, every dataset): per split the epoch of best "
-                        "validation accuracy, its test accuracy reported; gin (graph datasets): "
-                        "GIN's 10-fold cross-validation, train on 9 folds, report the mean "
-                        "held-out accuracy at the one epoch maximizing it (the paper's table 5 "
-                        "protocol; optimistic: no separate test set)")
-    over = t.add_argument_group("overrides of the preset")
-    over.add_argument("--mu", type=float, default=None, metavar="MU",
-                      help="source-constraint strength mu > 0 of Z = X - (1/mu) Delta Z")
-    over.add_argument("--hidden", type=_positive_int, default=None, metavar="N",
-                      help="hidden width (the paper's num hid)")
-    over.add_argument("--lr", type=float, default=None, metavar="LR",
-                      help="Adam learning rate")
-    over.add_argument("--weight-decay", type=float, default=None, metavar="WD",
-                      help="Adam weight decay")
-    over.add_argument("--dropout", type=float, default=None, metavar="P",
-                      help="dropout rate after each layer, in [0, 1)")
-    over.add_argument("--max-iter", type=_positive_int, default=None, metavar="N",
-                      help="most iterations (CSR sweeps) of the implicit layer's solves")
-    over.add_argument("--tol", type=float, default=None, metavar="TOL",
-                      help="relative tolerance of the solves (the paper's threshold)")
-    over.add_argument("--input-unit", choices=["mlp", "adj", "linkx"], default=None,
-                      help="input unit: mlp on X, adj on A X, or linkx "
-                           "MLP(concat(MLP(A), MLP(X)))")
-    over.add_argument("--patience", type=_positive_int, default=None, metavar="N",
-                      help="stop a split after N epochs without a better validation accuracy")
-    over.add_argument("--seed", type=int, default=None, metavar="S",
-                      help="base seed; split k trains with seed S + k")
-    over.add_argument("--solver", choices=SOLVERS, default=None,
-                      help="the implicit layer's solver (cg: exact for every mu > 0)")
-    over.add_argument("--backend", choices=BACKENDS,
-                      default=None,
-                      help="the implicit layer's kernels (default auto: cpu on the CPU; on a "
-                           "GPU cuda, or triton for graphs of 2M CSR entries and more)")
-    over.add_argument("--dtype", choices=["float32", "float64"], default=None,
-                      help="the model's parameters and features (default float32; float64 "
-                           "to compare runs to rounding, e.g. distributed against one process)")
-    over.add_argument("--reorder", choices=REORDERINGS, default=None,
-                      help="renumber the nodes for memory locality inside the implicit layer "
-                           "(rcm, degree, community or auto; transparent to the results' order; "
-                           "default none)")
-    over.add_argument("--storage-dtype", choices=["bfloat16", "float16"], default=None,
-                      help="store the implicit layer's iterates in 16 bits, sums in float32 "
-                           "(fixed_point solver; every backend)")
-    over.add_argument("--spectral-norm", action=argparse.BooleanOptionalAction, default=None,
-                      help="spectrally normalize the neural Laplacian's Θχ and Θφ "
-                           "(--no-spectral-norm turns off what a preset turns on)")
-    _add_run_args(t, progress_default=True)
+    _add_training_args(t, json_help='write {"dataset", "laplacian", "test_acc": [per split], '
+                                    '"mean", "std"} (accuracies as fractions), the device, '
+                                    'torch version, backend, ms per epoch and the config')
+    _add_train_only_args(t)
 
-    w = sub.add_parser("sweep", parents=[t], conflict_handler="resolve",
+    w = sub.add_parser("sweep",
                        help="choose hyperparameters on validation accuracy; report the chosen "
                             "setting's test accuracy only",
                        description="Trains every setting on every split, chooses the setting "
@@ -269,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "best cross-validation accuracy; ties: the first listed) "
                                    "and prints the test accuracy of that setting only. The "
                                    "options of dignn train fix what is not swept.")
+    _add_training_args(w, json_help="write every setting's overrides, per-split validation "
+                                    "accuracies, their mean and std, best epochs and seconds, "
+                                    "the chosen setting and its test accuracies, the command, "
+                                    "device, wall time and peak memory")
     grid = w.add_mutually_exclusive_group(required=True)
     grid.add_argument("--grid", nargs="+", metavar="KEY=V1,V2",
                       help="values of TrainConfig fields; every combination is a setting "
@@ -277,37 +469,33 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--settings", metavar="FILE.json",
                       help='a JSON list of settings, e.g. [{"mu": 1.25}, {"mu": 2.2, '
                            '"dropout": 0.1}]')
-    w.add_argument("--max-settings", type=_positive_int, default=64, metavar="N",
-                   help="refuse more than N settings (default: 64)")
-    w.add_argument("--json", metavar="PATH", default=None,
-                   help="write every setting's overrides, per-split validation accuracies, "
-                        "their mean and std, best epochs and seconds, the chosen setting and "
-                        "its test accuracies, the command, device, wall time and peak memory")
-
-    _add_train_only_args(t)
+    _option(w, "--max-settings", type=POSITIVE_INT, default=64, metavar="N",
+            help="refuse more than N settings (default: 64)")
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
     psub = p.add_subparsers(dest="figure", required=True)
     c = psub.add_parser("convergence", help="||Z_t - Z_{t-1}||_F against t")
-    c.add_argument("--datasets", default="csbm", metavar="A,B",
+    c.add_argument("--datasets", default=["csbm"], type=_node_datasets, metavar="A,B",
                    help="comma-separated node datasets (default: csbm; the paper: "
                         "cora,chameleon)")
-    c.add_argument("--mu", type=float, default=2.0, help="mu (the paper uses 2)")
-    c.add_argument("--max-iter", type=_positive_int, default=30, help="iterations to plot")
+    _option(c, "--mu", type=POSITIVE, default=2.0, metavar="MU", help="mu (the paper uses 2)")
+    _option(c, "--max-iter", type=POSITIVE_INT, default=30, metavar="N",
+            help="iterations to plot")
     c.add_argument("--out", default="dignn_convergence.png", metavar="PNG",
                    help="the figure's path (default: dignn_convergence.png)")
     m = psub.add_parser("mu", help="residual, generalization gap and accuracy against mu")
-    m.add_argument("--dataset", default="csbm", type=str.lower,
+    m.add_argument("--dataset", default="csbm", type=_node_dataset, metavar="NAME",
                    help="node dataset (default: csbm; the paper: cora)")
-    m.add_argument("--mus", type=_float_list, default=[1.0, 1.25, 1.5, 2.0, 2.5, 5.0],
-                   metavar="1,1.25,...", help="the values of mu to train with")
-    m.add_argument("--max-iter", type=_positive_int, default=10, help="T (the paper: 10)")
+    _option(m, "--mus", type=MU_LIST, default=[1.0, 1.25, 1.5, 2.0, 2.5, 5.0],
+            metavar="1,1.25,...", help="the values of mu to train with")
+    _option(m, "--max-iter", type=POSITIVE_INT, default=10, metavar="N",
+            help="T (the paper: 10)")
     m.add_argument("--out", default="dignn_mu.png", metavar="PNG",
                    help="the figure's path (default: dignn_mu.png)")
     for q in (c, m):
         _add_data_args(q)
-        q.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
-                       help="training epochs per model (default: the preset's)")
+        _option(q, "--epochs", type=POSITIVE_INT, default=None, metavar="N",
+                help="training epochs per model (default: the preset's)")
         q.add_argument("--json", metavar="PATH", default=None, help="also write the numbers")
         _add_run_args(q, progress_default=False)
     return parser
@@ -321,9 +509,25 @@ def _override_values(args) -> dict:
             if f.name != "laplacian" and hasattr(args, f.name)}
 
 
+def _write_line(text: str, file=None) -> None:
+    """Writes ``text`` and a newline to ``file`` (default: stderr) through the progress bars'
+    writer, ``tqdm.write``: it clears the open bars, writes the text on lines of its own and
+    draws the bars again below it, so that a warning during training never lands inside a
+    bar's line. With no bar open (``--no-progress``) it is a plain line."""
+    file = sys.stderr if file is None else file
+    try:
+        from tqdm.auto import tqdm  # the class of dignn.training's bars
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        builtins.print(text, file=file, flush=True)
+        return
+    tqdm.write(text, file=file)
+    file.flush()
+
+
 def _show_warnings() -> None:
-    """mu warnings on stderr as one readable line each; PyG's import-time deprecation
-    notices are not the user's concern."""
+    """Every warning on a line of its own above the progress bars (:func:`_write_line`); mu
+    warnings as one readable line each; PyG's import-time deprecation notices are not the
+    user's concern."""
     from .spectral import MuBelowSpectrumWarning
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*is deprecated",
                             category=FutureWarning)
@@ -333,12 +537,18 @@ def _show_warnings() -> None:
     shown = []
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if not issubclass(category, MuBelowSpectrumWarning):
-            return default_show(message, category, filename, lineno, file, line)
-        text = str(message)
-        # the explanation once; later warnings only say where and how large lambda_max is
-        print(f"warning: {text if not shown else text.split(': ')[0]}", file=sys.stderr)
-        shown.append(text)
+        if issubclass(category, MuBelowSpectrumWarning):
+            text = str(message)
+            # the explanation once; later warnings only say where and how large lambda_max is
+            _write_line(f"warning: {text if not shown else text.split(': ')[0]}", file)
+            shown.append(text)
+            return
+        # the usual text of the warning, as the showwarning found here writes it (a caller
+        # that records warnings instead, as pytest does, writes nothing)
+        text = io.StringIO()
+        default_show(message, category, filename, lineno, text, line)
+        if text.getvalue():
+            _write_line(text.getvalue().rstrip("\n"), file)
     warnings.showwarning = show
 
 
@@ -757,11 +967,7 @@ def _plot(args) -> int:
     run = dict(device=device, progress=args.progress, compile_model=args.compile,
                sync_every=args.sync_every, threads=threads)
     if args.figure == "convergence":
-        names = [n.strip().lower() for n in args.datasets.split(",") if n.strip()]
-        if not names:
-            raise ValueError(f"--datasets names no dataset ({args.datasets!r}); give "
-                             f"comma-separated names such as csbm or cora,chameleon")
-        study = plot.convergence_study(names, args.data_root, args.cache_dir, mu=args.mu,
+        study = plot.convergence_study(args.datasets, args.data_root, args.cache_dir, mu=args.mu,
                                        num_iter=args.max_iter, epochs=args.epochs, **run)
         path = plot.plot_convergence(study, args.out)
         for name, row in study.items():
