@@ -41,7 +41,40 @@ LAPLACIANS = ("neural", "rw", "unnormalized", "sym")
 
 @dataclass
 class CSRGraph:
-    """A coalesced CSR graph and what the kernels need of it, computed once."""
+    """A coalesced CSR graph and what the kernels need of it, computed once.
+
+    Row i of the CSR lists the sources j that node i aggregates from (PyG's flow: an edge
+    ``(edge_index[0, k], edge_index[1, k]) = (j, i)``), parallel edges summed. Build it with
+    :func:`build_graph` (valid by construction) or :func:`cached_graph`; a graph assembled by
+    hand is checked once (:meth:`check`) when the layer first takes it. Pass it to
+    :class:`~dignn_kernels.FusedImplicitDiffusion` in place of ``edge_index`` (what
+    ``torch.compile(..., fullgraph=True)`` needs).
+
+    Args:
+        num_nodes: int, the number of nodes n.
+        rowptr: int64 Tensor [n + 1], the CSR row pointers.
+        col: int32 Tensor [m] (int64 beyond 2^31 nodes), the source of each entry.
+        value: float Tensor [m], the edge values a_ij >= 0.
+        degree: Tensor [n] of value's dtype, D_i = sum_j a_ij.
+        symmetric: whether a_ij == a_ji for every pair (then the kernels read W^T from W's
+            CSR; a directed graph marked symmetric would get wrong gradients).
+        order: None (the caller's ids), or int64 Tensor [n]: the caller's id of the node at
+            CSR position k (a locality renumbering, :mod:`dignn_kernels.reorder`).
+        position: None, or int64 Tensor [n], the inverse of ``order``.
+        reorder: the method that made ``order`` (``"none"``: no renumbering).
+
+    Raises:
+        ValueError: from :meth:`check`, when the fields are not a valid graph.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> g.rowptr, g.col, g.degree
+        (tensor([0, 1, 3, 4]), tensor([1, 0, 2, 1], dtype=torch.int32), tensor([1., 2., 1.]))
+        >>> g.num_edges, g.symmetric
+        (4, True)
+    """
 
     num_nodes: int
     rowptr: Tensor  # int64 [n + 1]
@@ -60,10 +93,12 @@ class CSRGraph:
 
     @property
     def num_edges(self) -> int:
+        """The CSR entries m (edges after parallel ones are summed)."""
         return self.col.numel()
 
     @property
     def device(self) -> torch.device:
+        """The device of the CSR's tensors."""
         return self.rowptr.device
 
     def _check_rows(self, t, name: str) -> None:
@@ -341,7 +376,42 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
                 ) -> CSRGraph:
     """Validates and converts ``edge_index`` (+ ``edge_weight``), a torch sparse tensor or a
     torch_sparse ``SparseTensor`` into a :class:`CSRGraph`, its nodes renumbered by
-    ``reorder`` (one of :data:`dignn_kernels.reorder.REORDERINGS`; None keeps the ids)."""
+    ``reorder`` (one of :data:`dignn_kernels.reorder.REORDERINGS`; None keeps the ids).
+
+    Args:
+        edge: int64 (or int32) Tensor [2, num_edges] in PyG's convention (messages flow from
+            ``edge[0]`` to ``edge[1]``: row i of the CSR aggregates over the edges (j, i));
+            or a torch sparse COO/CSR tensor or torch_sparse ``SparseTensor`` of shape
+            [num_nodes, num_nodes], read as PyG's ``adj_t`` (row i is the target), its values
+            the edge weights. For the authors' DIGNN code, which aggregates at
+            ``edge_index[0]``, pass ``edge_index.flip(0)`` (the same on undirected graphs).
+        num_nodes: int >= 0, the number of nodes (x.size(0)).
+        edge_weight: optional float Tensor [num_edges] of a_ij >= 0, finite, not requiring
+            grad (default: 1 per edge, float32); parallel edges are summed.
+        reorder: None or ``"none"`` (keep the ids), ``"rcm"``, ``"degree"``, ``"community"``
+            or ``"auto"``.
+
+    Returns:
+        CSRGraph: the coalesced graph, checked (its O(edges) check is never run again).
+
+    Raises:
+        TypeError: ``edge`` not a tensor, not of an integer dtype, ``num_nodes`` not an int,
+            ``edge_weight`` not a floating tensor.
+        ValueError: ``edge`` not of shape [2, num_edges]; ``edge_weight`` of the wrong
+            length or device, negative, NaN/Inf or requiring grad; a sparse adjacency not
+            [num_nodes, num_nodes] or given with an ``edge_weight``; an unknown ``reorder``.
+        IndexError: a node index outside 0..num_nodes-1.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import build_graph
+        >>> edge_index = torch.tensor([[0, 0, 1], [1, 1, 2]])  # 0 -> 1 twice, 1 -> 2
+        >>> g = build_graph(edge_index, 3, torch.tensor([1.0, 2.0, 0.5]))
+        >>> g.rowptr, g.col, g.value  # row 1 aggregates from 0 (1 + 2), row 2 from 1
+        (tensor([0, 0, 1, 2]), tensor([0, 1], dtype=torch.int32), tensor([3.0000, 0.5000]))
+        >>> g.symmetric
+        False
+    """
     reorder = check_reorder(reorder)
     num_nodes = _check_num_nodes(num_nodes)
     if _is_sparse_tensor(edge):
@@ -408,7 +478,18 @@ _CACHE_SIZE = 16
 
 
 def clear_graph_cache() -> None:
-    """Forgets every preprocessed graph."""
+    """Forgets every preprocessed graph that :func:`cached_graph` keeps (the graphs stay
+    valid; the next call for them builds them again).
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import cached_graph, clear_graph_cache
+        >>> edge_index = torch.tensor([[0, 1], [1, 0]])
+        >>> g = cached_graph(edge_index, 2)
+        >>> clear_graph_cache()
+        >>> cached_graph(edge_index, 2) is g
+        False
+    """
     _CACHE.clear()
 
 
@@ -436,7 +517,33 @@ def _identity(t) -> Tuple[list, list, tuple]:
 def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
                  reorder: Optional[str] = None) -> CSRGraph:
     """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again
-    (with the same ``reorder``)."""
+    (with the same ``reorder``): what the layer calls on every forward. A tensor is the same
+    while it is the same object, alive, at the same address, of the same version (an in-place
+    change bumps it); the last 16 graphs are kept.
+
+    Args:
+        edge: as for :func:`build_graph`.
+        num_nodes: int, the number of nodes.
+        edge_weight: optional float Tensor [num_edges], as for :func:`build_graph`.
+        reorder: as for :func:`build_graph`.
+
+    Returns:
+        CSRGraph: the cached graph, or a new one (then cached).
+
+    Raises:
+        TypeError, ValueError, IndexError: as :func:`build_graph`.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import cached_graph
+        >>> edge_index = torch.tensor([[0, 1], [1, 0]])
+        >>> cached_graph(edge_index, 2) is cached_graph(edge_index, 2)
+        True
+        >>> g = cached_graph(edge_index, 2)
+        >>> _ = edge_index.add_(0)  # an in-place change: built again
+        >>> cached_graph(edge_index, 2) is g
+        False
+    """
     reorder = check_reorder(reorder)
     objs, versions, key = _identity(edge)
     if not objs:

@@ -20,7 +20,18 @@ __all__ = ["CollectiveError", "HaloExchange", "all_reduce_gradients"]
 
 class CollectiveError(RuntimeError):
     """A collective of the distributed solve failed: a peer process died, or did not join the
-    collective within the process group's timeout."""
+    collective within the process group's timeout. A ``RuntimeError``; its message names the
+    step, the rank and the way out (restart every rank from the last checkpoint), and its
+    ``__cause__`` is torch.distributed's own error.
+
+    Example:
+        >>> from dignn_kernels.distributed import CollectiveError
+        >>> try:
+        ...     raise CollectiveError("the halo exchange failed on rank 1 of 2")
+        ... except RuntimeError as err:
+        ...     print(type(err).__name__, err)
+        CollectiveError the halo exchange failed on rank 1 of 2
+    """
 
 
 def _timeout(group) -> str:
@@ -120,7 +131,27 @@ def all_reduce_gradients(module: nn.Module, group=None) -> None:
 
     Call it after ``loss.backward()`` and before the optimizer step, instead of wrapping the
     model in DDP: DDP's buckets all-reduce asynchronously during the backward, interleaved
-    with the layer's own collectives."""
+    with the layer's own collectives.
+
+    Args:
+        module: the ``nn.Module`` whose parameters (those with ``requires_grad``) are summed.
+        group: the process group (None: the default group of ``init_process_group``).
+
+    Raises:
+        CollectiveError: the all-reduce failed (a peer died or timed out).
+
+    Example:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> from dignn_kernels.distributed import all_reduce_gradients
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> layer(torch.ones(1, 2)).sum().backward()
+        >>> all_reduce_gradients(layer)  # one rank: the sum is its own gradient
+        >>> layer.weight.grad
+        tensor([[1., 1.]])
+        >>> dist.destroy_process_group()
+    """
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:

@@ -26,13 +26,42 @@ class DistributedGraph:
 
     ``rank`` and ``group`` default to the current process and the default group (call
     ``torch.distributed.init_process_group`` first); the partition must have as many parts as
-    the group has ranks. ``device`` defaults to CUDA device ``LOCAL_RANK`` for the NCCL
-    backend, else the CPU.
+    the group has ranks. ``device`` defaults to the current CUDA device for the NCCL backend,
+    else the CPU.
 
     Holds: ``owned``, ``halo`` (global ids), ``num_owned``, ``num_halo``; the padded local CSR
     (``rowptr``, ``col``, ``value``; local ids owned first, then halo; halo rows empty) and its
     transpose; the global degree of the owned and halo nodes; ``symmetric`` (whether the
-    global W is); the exchange plan."""
+    global W is); the exchange plan.
+
+    Args:
+        partition: the :class:`GraphPartition` (every rank passes the same one, or loads the
+            same file).
+        rank: None (this process's rank in ``group``), or that same rank.
+        group: the process group (None: the default one).
+        device: where this rank's piece goes (default: see above).
+
+    Raises:
+        TypeError: ``partition`` not a GraphPartition.
+        RuntimeError: torch.distributed not initialized.
+        ValueError: the partition's parts differ from the group's ranks, or ``rank`` is not
+            this process's.
+
+    Example:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> from dignn_kernels import FusedImplicitDiffusion
+        >>> from dignn_kernels.distributed import DistributedGraph, partition
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+        >>> graph = DistributedGraph(partition(edge_index, 3, parts=1))
+        >>> graph
+        DistributedGraph(rank=0/1, owned=3, halo=0, entries=4, device=cpu)
+        >>> layer = FusedImplicitDiffusion(2, laplacian="rw")
+        >>> layer(torch.ones(3, 2)[graph.owned], graph).shape
+        torch.Size([3, 2])
+        >>> dist.destroy_process_group()
+    """
 
     def __init__(self, partition: GraphPartition, rank: Optional[int] = None, group=None,
                  device=None):
@@ -87,6 +116,8 @@ class DistributedGraph:
         return self._transposed
 
     def diagonal_index(self) -> Tensor:
+        """int64 [num_local]: the local CSR position of each row's self-loop, or -1 (as
+        :meth:`dignn_kernels.CSRGraph.diagonal_index`)."""
         if "diag" not in self._by_dtype:
             self._by_dtype["diag"] = diagonal_index(self.rowptr, self.col)
         return self._by_dtype["diag"]

@@ -30,6 +30,8 @@ from ..csr import csr_rows, diagonal_index
 
 __all__ = ["GraphPartition", "partition", "METHODS"]
 
+#: The ``method`` choices of :func:`partition`: ``"contiguous"`` (blocks of consecutive ids)
+#: and ``"metis"`` (METIS through the optional ``pymetis``).
 METHODS = ("contiguous", "metis")
 _FORMAT = 1
 _PIECE_KEYS = ("owned", "halo", "rowptr", "col", "value", "degree", "send_index",
@@ -147,7 +149,27 @@ class GraphPartition:
     local ids, ``value`` a_ij), the global ``degree`` D_i = sum_j a_ij of its owned and halo
     nodes (local order), and its exchange plan (``send_index``, ``send_counts``,
     ``recv_counts``). Build it with :func:`partition` or :meth:`from_assignment`; keep it with
-    :meth:`save` / :meth:`load`."""
+    :meth:`save` / :meth:`load`.
+
+    Args:
+        num_nodes: int, the nodes of the whole graph.
+        parts: int, the ranks.
+        method: how the assignment was made (``"contiguous"``, ``"metis"``, ``"given"``).
+        assignment: int64 Tensor [num_nodes], the rank of each node.
+        symmetric: whether the whole graph's edge values are symmetric.
+        pieces: one dict of tensors per rank (the fields above).
+        seconds: the wall time of the partitioning.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.distributed import partition
+        >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path
+        >>> part = partition(edge_index, 4, parts=2)
+        >>> part.owned(0), part.halo(0), part.owned(1), part.halo(1)
+        (tensor([0, 1]), tensor([2]), tensor([2, 3]), tensor([1]))
+        >>> part.stats(h=8)["halo_nodes"]
+        [1, 1]
+    """
 
     def __init__(self, num_nodes: int, parts: int, method: str, assignment: Tensor,
                  symmetric: bool, pieces: List[Dict[str, Tensor]], seconds: float = 0.0):
@@ -163,7 +185,30 @@ class GraphPartition:
                         assignment: Tensor, parts: int, edge_weight: Optional[Tensor] = None,
                         method: str = "given") -> "GraphPartition":
         """The partition in which node i belongs to rank ``assignment[i]`` (any split: ranks
-        may own no nodes or no edges)."""
+        may own no nodes or no edges).
+
+        Args:
+            edge_index: as for :func:`partition`.
+            num_nodes: int, the number of nodes.
+            assignment: integer Tensor [num_nodes] of ranks in 0..parts-1.
+            parts: int >= 1, the ranks.
+            edge_weight: optional float Tensor [num_edges].
+            method: the name kept in the partition (and its stats).
+
+        Returns:
+            GraphPartition: the partition.
+
+        Raises:
+            ValueError: ``parts`` < 1, or an assignment of the wrong shape or out of range.
+
+        Example:
+            >>> import torch
+            >>> from dignn_kernels.distributed import GraphPartition
+            >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+            >>> part = GraphPartition.from_assignment(edge_index, 3, torch.tensor([1, 0, 1]), 2)
+            >>> part.owned(0), part.owned(1)
+            (tensor([1]), tensor([0, 2]))
+        """
         parts = _check_parts(parts)
         began = time.perf_counter()
         graph = _as_graph(edge_index, num_nodes, edge_weight)
@@ -194,13 +239,23 @@ class GraphPartition:
 
     @property
     def num_entries(self) -> int:
+        """The CSR entries of all ranks together (the graph's coalesced edges)."""
         return sum(int(p["col"].numel()) for p in self.pieces)
 
     def stats(self, h: int = 64, dtype: torch.dtype = torch.float32) -> dict:
         """Sizes per rank and the traffic of one sweep: each sweep moves every halo row once
         (h values of ``dtype``), forward and adjoint alike (the adjoint sends the same rows
         back). ``halo_fraction``: halo rows over all nodes; ``cut_entries``: CSR entries that
-        read a halo row."""
+        read a halo row.
+
+        Args:
+            h: the feature width of the exchanged rows.
+            dtype: their dtype.
+
+        Returns:
+            dict: sizes per rank (``owned_nodes``, ``halo_nodes``, ``entries``,
+            ``cut_entries``), totals and fractions, and bytes per sweep.
+        """
         item = torch.empty(0, dtype=dtype).element_size()
         owned = [int(p["owned"].numel()) for p in self.pieces]
         halo = [int(p["halo"].numel()) for p in self.pieces]
@@ -225,7 +280,11 @@ class GraphPartition:
     # ------------------------------------------------------------------ storage --
     def save(self, path) -> None:
         """Writes the partition to ``path`` (a file path or a binary file object, as
-        torch.save takes; :meth:`load` reads it back)."""
+        torch.save takes; :meth:`load` reads it back), with CRC-32 checksums of its records.
+
+        Args:
+            path: a file path or a writable binary file object.
+        """
         crc = torch.serialization.get_crc32_options()
         torch.serialization.set_crc32_options(True)  # load compares them
         try:
@@ -242,7 +301,27 @@ class GraphPartition:
         """A partition written by :meth:`save`. The file is memory-mapped, so that a rank
         reads only its own piece of a large graph; every field's type and shape is checked
         (and the counts' sums), so that a damaged or foreign file is refused with a
-        ``ValueError`` naming it rather than failing later."""
+        ``ValueError`` naming it rather than failing later.
+
+        Args:
+            path: the file written by :meth:`save`.
+
+        Returns:
+            GraphPartition: the partition.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: a folder, or a damaged or foreign file.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from dignn_kernels.distributed import GraphPartition, partition
+            >>> part = partition(torch.tensor([[0, 1], [1, 0]]), 2, parts=2)
+            >>> path = os.path.join(tempfile.mkdtemp(), "part.pt")
+            >>> part.save(path)
+            >>> GraphPartition.load(path).owned(1)
+            tensor([1])
+        """
         path = os.fspath(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"no partition file at {path!r}; write one with "
@@ -270,7 +349,33 @@ def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
     :class:`~dignn_kernels.graph.CSRGraph` from :func:`~dignn_kernels.build_graph`) over
     ``parts`` ranks: ``method="contiguous"`` (blocks of consecutive ids of about equal work) or
     ``"metis"`` (METIS through the optional ``pymetis``: fewer halo rows on graphs whose ids
-    do not follow their communities; ``seed`` is METIS's)."""
+    do not follow their communities; ``seed`` is METIS's).
+
+    Args:
+        edge_index: int64 Tensor [2, num_edges] (PyG's flow: ``edge_index[1]`` aggregates
+            over ``edge_index[0]``), or a :class:`~dignn_kernels.CSRGraph`.
+        num_nodes: int, the number of nodes.
+        parts: int >= 1, the ranks (``torch.distributed.get_world_size()``).
+        method: one of :data:`METHODS`.
+        edge_weight: optional float Tensor [num_edges] (not with a CSRGraph).
+        seed: METIS's seed.
+
+    Returns:
+        GraphPartition: the assignment and every rank's piece.
+
+    Raises:
+        ValueError: ``parts`` < 1, an unknown ``method``, or a graph :func:`build_graph`
+            refuses.
+        ImportError: ``method="metis"`` without ``pymetis`` installed.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.distributed import partition
+        >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path
+        >>> part = partition(edge_index, 4, parts=2)
+        >>> part.assignment
+        tensor([0, 0, 1, 1])
+    """
     parts = _check_parts(parts)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
