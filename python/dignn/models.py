@@ -139,6 +139,21 @@ def _version(t: Tensor) -> int:
         return 0
 
 
+def _check_counts(minimum: int, **counts) -> None:
+    """Each of ``counts`` an int >= ``minimum`` (not a bool), else a ValueError naming it."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be "
+                             f"{'a positive integer' if minimum == 1 else 'an integer >= 0'}, "
+                             f"got {value!r}")
+
+
+def _implicit_layer(hidden: int, storage_dtype, **options) -> FusedImplicitDiffusion:
+    """The models' implicit layer on ``hidden`` channels (``storage_dtype`` by name or dtype;
+    ``options``: the layer's other arguments)."""
+    return FusedImplicitDiffusion(hidden, storage_dtype=_storage_dtype(storage_dtype), **options)
+
+
 def _check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
@@ -193,8 +208,9 @@ class DIGNNNodeClassifier(nn.Module):
         adj_norm: the A of the ``"adj"`` and ``"linkx"`` units: ``"none"`` (binary, as in
             the paper), ``"rw"`` (D^-1 A) or ``"sym"`` (D^-1/2 A D^-1/2).
         laplacian: ``"neural"`` (graph neural Laplacian, eq. 12-14) or ``"rw"``.
-        mu, max_iter, tol: the implicit layer's mu, iteration cap and relative tolerance
-            (the paper's "threshold").
+        mu, max_iter, tol: the implicit layer's mu (> lambda_max(Delta) for the fixed point
+            to converge), iteration cap (sweeps) and relative tolerance
+            ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F (the authors' ``threshold`` is absolute).
         dropout: dropout rate after each layer.
         metric_channels: width h of the neural Laplacian's projections (default ``hidden``).
         backend: the implicit layer's backend (see :class:`FusedImplicitDiffusion`).
@@ -209,6 +225,27 @@ class DIGNNNodeClassifier(nn.Module):
     CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
     once per graph and cached. ``forward(x_owned, shard)`` with a :class:`NodeShard` returns
     the owned rows' logits on one process of a partitioned graph (:mod:`dignn.distributed`).
+    ``edge_index`` is read as PyG reads it (node ``edge_index[1]`` aggregates over
+    ``edge_index[0]``); the authors' code aggregates at ``edge_index[0]``: pass
+    ``edge_index.flip(0)`` to reproduce it on a directed graph.
+
+    Raises:
+        ValueError: a width not a positive integer, an unknown ``input_unit``, ``adj_norm``,
+            ``laplacian``, a dropout outside [0, 1), ``"linkx"`` without ``num_nodes``, or
+            an argument the implicit layer refuses (see
+            :class:`~dignn_kernels.FusedImplicitDiffusion`).
+
+    Example:
+        >>> import torch
+        >>> from dignn import DIGNNNodeClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = DIGNNNodeClassifier(3, hidden=8, num_classes=2, laplacian="rw")
+        >>> x = torch.randn(4, 3)
+        >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path
+        >>> model(x, edge_index).shape
+        torch.Size([4, 2])
+        >>> model.diffusion.iterations <= 10
+        True
     """
 
     def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
@@ -220,10 +257,7 @@ class DIGNNNodeClassifier(nn.Module):
                  input_dropout: Optional[float] = None, storage_dtype=None,
                  reorder: str = "none"):
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("hidden", hidden),
-                            ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
         _check_choice("input_unit", input_unit, INPUT_UNITS)
         _check_choice("adj_norm", adj_norm, ADJ_NORMS)
         self.adj_norm = adj_norm
@@ -245,12 +279,10 @@ class DIGNNNodeClassifier(nn.Module):
         else:
             self.lin_in = nn.Linear(in_channels, hidden)
         self.norm_in = nn.BatchNorm1d(hidden)
-        self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
-                                                metric_channels=metric_channels,
-                                                max_iter=max_iter, tol=tol, backend=backend,
-                                                solver=solver,
-                                                storage_dtype=_storage_dtype(storage_dtype),
-                                                reorder=reorder)
+        self.diffusion = _implicit_layer(hidden, storage_dtype, mu=mu, laplacian=laplacian,
+                                         metric_channels=metric_channels, max_iter=max_iter,
+                                         tol=tol, backend=backend, solver=solver,
+                                         reorder=reorder)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -315,6 +347,20 @@ class DIGNNNodeClassifier(nn.Module):
         return self.norm_in(h)
 
     def forward(self, x: Tensor, edge_index) -> Tensor:
+        """Logits [num_nodes, num_classes] (the owned rows' with a :class:`NodeShard`).
+
+        Args:
+            x: float Tensor [num_nodes, in_channels], dense or sparse (CSR/COO).
+            edge_index: int64 Tensor [2, num_edges] (PyG's flow), or a :class:`NodeShard`
+                (then x holds the owned rows).
+
+        Returns:
+            Tensor: the logits, in the model's dtype.
+
+        Raises:
+            ValueError: x not 2-D, edge_index not [2, num_edges], or a linkx model given a
+                graph of another size.
+        """
         shard = edge_index if isinstance(edge_index, NodeShard) else None
         h = self.diffusion_input(x, edge_index)
         z = self.diffusion(h, edge_index if shard is None else shard.graph)
@@ -326,11 +372,38 @@ class DIGNNGraphClassifier(nn.Module):
     """DIGNN for graph classification on PyG mini-batches (``Batch``: disjoint graphs, one
     block-diagonal edge_index, ``batch`` vector).
 
-    Args as for :class:`DIGNNNodeClassifier`, plus ``pooling`` (``"add"``, ``"mean"`` or
-    ``"max"``), ``node_layers`` (Linear + ReLU layers on Z before pooling) and
-    ``graph_layers`` (Linear + ReLU layers on the pooled vector before the linear classifier);
-    the authors' code uses 3 and 3. ``forward(x, edge_index, batch, num_graphs=None)`` returns
-    logits [num_graphs, num_classes].
+    Args:
+        in_channels: node feature width.
+        hidden: width of X~ and Z.
+        num_classes: output classes.
+        laplacian: ``"neural"`` (graph neural Laplacian, eq. 12-14) or ``"rw"``.
+        mu, max_iter, tol: the implicit layer's mu, iteration cap (sweeps) and relative
+            tolerance ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F.
+        dropout: dropout rate after each layer (default 0).
+        pooling: ``"add"`` (default), ``"mean"`` or ``"max"``.
+        node_layers: Linear + ReLU layers on Z before pooling (>= 0, default 1).
+        graph_layers: Linear + ReLU layers on the pooled vector before the linear classifier
+            (>= 0, default 1); the authors' code uses 3 and 3.
+        metric_channels, backend, solver, storage_dtype, reorder: as for
+            :class:`DIGNNNodeClassifier`.
+
+    ``forward(x, edge_index, batch, num_graphs=None)`` returns logits [num_graphs,
+    num_classes].
+
+    Raises:
+        ValueError: as for :class:`DIGNNNodeClassifier`, an unknown ``pooling``, or negative
+            ``node_layers``/``graph_layers``.
+
+    Example:
+        >>> import torch
+        >>> from dignn import DIGNNGraphClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = DIGNNGraphClassifier(3, hidden=8, num_classes=2, laplacian="rw").eval()
+        >>> x = torch.randn(5, 3)
+        >>> edge_index = torch.tensor([[0, 1, 2, 3, 3, 4], [1, 0, 3, 2, 4, 3]])
+        >>> batch = torch.tensor([0, 0, 1, 1, 1])  # graph 0: nodes 0-1, graph 1: nodes 2-4
+        >>> model(x, edge_index, batch, num_graphs=2).shape
+        torch.Size([2, 2])
     """
 
     POOLINGS = ("add", "mean", "max")
@@ -342,37 +415,45 @@ class DIGNNGraphClassifier(nn.Module):
                  metric_channels: Optional[int] = None, backend: str = "auto",
                  solver: str = "fixed_point", storage_dtype=None, reorder: str = "none"):
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("hidden", hidden),
-                            ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
         _check_choice("pooling", pooling, self.POOLINGS)
         _check_dropout(dropout)
-        for name, value in (("node_layers", node_layers), ("graph_layers", graph_layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_counts(0, node_layers=node_layers, graph_layers=graph_layers)
         self.dropout = dropout
         self.pooling = pooling
         self.lin_in = nn.Linear(in_channels, hidden)
         self.norm_in = nn.BatchNorm1d(hidden)
-        self.diffusion = FusedImplicitDiffusion(hidden, mu=mu, laplacian=laplacian,
-                                                metric_channels=metric_channels,
-                                                max_iter=max_iter, tol=tol, backend=backend,
-                                                solver=solver,
-                                                storage_dtype=_storage_dtype(storage_dtype),
-                                                reorder=reorder)
+        self.diffusion = _implicit_layer(hidden, storage_dtype, mu=mu, laplacian=laplacian,
+                                         metric_channels=metric_channels, max_iter=max_iter,
+                                         tol=tol, backend=backend, solver=solver,
+                                         reorder=reorder)
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)
 
     def diffusion_input(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """X~, the input of the implicit layer (after the batch norm)."""
         h = F.dropout(F.relu(self.lin_in(x.to(self.lin_in.weight.dtype))), self.dropout,
                       self.training)
         return self.norm_in(h)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor,
                 num_graphs: Optional[int] = None) -> Tensor:
+        """Logits [num_graphs, num_classes] of a PyG mini-batch.
+
+        Args:
+            x: float Tensor [num_nodes, in_channels] of the batch's nodes.
+            edge_index: int64 Tensor [2, num_edges], the block-diagonal batch graph.
+            batch: int64 Tensor [num_nodes], each node's graph.
+            num_graphs: the graphs in the batch (default: ``batch.max() + 1``).
+
+        Returns:
+            Tensor: the logits.
+
+        Raises:
+            ValueError: ``batch`` not one graph id per node.
+        """
         from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
         if batch.dim() != 1 or batch.numel() != x.size(0):
             raise ValueError(f"batch must be a vector with one graph id per node "
