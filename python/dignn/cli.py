@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -156,24 +157,28 @@ class _Numbers:
         return self.describe()
 
 
-SPLIT_LIST = _Numbers(INDEX, "0,1,2")
-MU_LIST = _Numbers(POSITIVE, "1,1.25,2")
-_SHARES = _Numbers(SHARE, "0.6,0.2,0.2", count=3)
-
-
-def _split_ratio(text: str) -> List[float]:
+class _SplitRatio(_Numbers):
     """``--split-ratio``: three shares train,val,test, each in (0, 1), summing to at most 1
     (what :func:`dignn.data.custom.load_user_file` takes)."""
-    try:
-        values = _SHARES(text)
-    except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(f"expected three shares train,val,test: {err}") \
-            from None
-    if sum(values) > 1.0 + 1e-9:
-        raise argparse.ArgumentTypeError(f"the three shares in {text!r} sum to "
-                                         f"{sum(values):g}; give shares summing to at most 1, "
-                                         f"such as 0.6,0.2,0.2")
-    return values
+
+    def __init__(self):
+        super().__init__(SHARE, "0.6,0.2,0.2", count=3)
+
+    def describe(self) -> str:
+        return f"three shares train,val,test such as {self.example}, each " \
+               f"{self.item.describe()}, summing to at most 1"
+
+    def __call__(self, text: str) -> list:
+        values = super().__call__(text)
+        if sum(values) > 1.0 + 1e-9:  # (the loader's own tolerance)
+            raise argparse.ArgumentTypeError(f"got {text!r}, which sums to {sum(values):g}; "
+                                             f"give {self.describe()}")
+        return values
+
+
+SPLIT_LIST = _Numbers(INDEX, "0,1,2")
+MU_LIST = _Numbers(POSITIVE, "1,1.25,2")
+SPLIT_RATIO = _SplitRatio()
 
 
 # ----------------------------------------------------------- names: did you mean --
@@ -186,7 +191,12 @@ def _close_names(text: str, names) -> str:
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose refusal of a choice (a subcommand, --preset, --solver, ...)
-    also names the choices close to what was typed."""
+    also names the choices close to what was typed, and which takes ``-1e-6`` and ``-inf``
+    as values (refused by the flag's range, not as options: no option begins with a digit)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf$|infinity$|nan$)", re.I)
 
     def _check_value(self, action, value):
         try:
@@ -366,10 +376,9 @@ def _add_training_args(p: argparse.ArgumentParser, json_help: str) -> None:
                         "(e.g. torch.save(dataset) of a dataset class); unpickling runs code "
                         "the file names: only for files you trust (Python: "
                         "load_user_file(..., allow_pickle=True))")
-    p.add_argument("--split-ratio", type=_split_ratio, default=None, metavar="TR,VA,TE",
-                   help="dataset file without masks: seeded random splits with these shares "
-                        "of the labeled nodes (graphs), e.g. 0.6,0.2,0.2: each in (0, 1), "
-                        "summing to at most 1")
+    _option(p, "--split-ratio", type=SPLIT_RATIO, default=None, metavar="TR,VA,TE",
+            help="dataset file without masks: seeded random splits with these shares of the "
+                 "labeled nodes (graphs)")
     _option(p, "--num-splits", type=NUM_SPLITS, default=None, metavar="N",
             help="dataset file: the number of --split-ratio splits or of cross-validation "
                  "folds of graphs (default 10); csbm and penn94-synthetic: the number of "
@@ -1008,7 +1017,6 @@ def _out_of_memory(err: BaseException) -> bool:
 def _error_line(err: BaseException) -> str:
     """What :func:`main` prints after ``error:``."""
     if _out_of_memory(err) and not isinstance(err, (ValueError, OSError)):
-        import re
         asked = re.search(r"allocate ([0-9.]+ ?[KMGTP]?i?B|[0-9]+ bytes)", str(err))
         return (f"out of memory{f' (an allocation of {asked.group(1)})' if asked else ''}: "
                 f"this graph with these settings needs more memory than this machine has; "
