@@ -158,6 +158,26 @@ def test_numbers_out_of_range_are_refused_while_parsing(command, capsys, no_data
         assert getattr(args, flag[2:].replace("-", "_")) is not None
 
 
+def test_swept_numbers_are_refused_before_any_data_is_read(capsys, no_data, tmp_path):
+    """A sweep's values take the ranges of the options that set the same fields."""
+    for grid, said in ((["mu=2,-1"], "setting 1 (mu=-1.0): mu must be a finite number > 0 "
+                                     "(as --mu), got -1.0"),
+                       (["lr=0", "hidden=8"], "setting 0 (lr=0.0, hidden=8): lr must be a "
+                                              "finite number > 0"),
+                       (["dropout=0.5,1.5"], "setting 1 (dropout=1.5): dropout must be a "
+                                             "number in [0, 1)"),
+                       (["epochs=0"], "epochs must be an integer >= 1 (as --epochs)")):
+        assert cli.main(["sweep", "--grid", *grid, "--no-progress"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dignn sweep: error: setting ")
+        assert said in lines[0], lines[0]
+    path = tmp_path / "settings.json"
+    path.write_text('[{"tol": 1e-8}, {"tol": -1e-6}]')
+    assert cli.main(["sweep", "--settings", str(path), "--no-progress"]) == 2
+    assert "setting 1 (tol=-1e-06): tol must be a finite number >= 0" in \
+        capsys.readouterr().err
+
+
 def test_ranges_and_edges():
     parse = cli.build_parser().parse_args
     args = parse(["train", "--dropout", "0", "--tol", "0", "--weight-decay", "0", "--seed",

@@ -71,6 +71,8 @@ class _Number:
         """``value`` if it is in range, else an ``argparse.ArgumentTypeError`` saying the
         range (and quoting ``text``, what was typed, where given)."""
         shown = repr(value if text is None else text)
+        if self.kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"got {shown}; give {self.describe()}")
         low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
         high_ok = self.high is None or (value < self.high if self.high_open
                                         else value <= self.high)
@@ -353,6 +355,25 @@ def _overrides() -> list:
                                  help="spectrally normalize the neural Laplacian's Θχ and Θφ "
                                       "(--no-spectral-norm turns off what a preset turns on)")),
     ]
+
+
+def _check_swept_numbers(settings) -> None:
+    """Refuses, before any data is read, a swept value out of the range of the option that
+    sets the same field (``--grid mu=-1`` as ``--mu -1``), in one line naming the setting."""
+    kinds = {flag[2:].replace("-", "_"): how["type"] for flag, how in _overrides()
+             if isinstance(how.get("type"), _Number)}
+    kinds["epochs"] = POSITIVE_INT
+    for k, setting in enumerate(settings):
+        for field, value in setting.items():
+            kind = kinds.get(field)
+            if kind is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue  # None, or a value of the wrong type: the sweep's own checks say it
+            try:
+                kind.check(value)
+            except argparse.ArgumentTypeError:
+                shown = ", ".join(f"{f}={v}" for f, v in setting.items())
+                raise ValueError(f"setting {k} ({shown}): {field} must be {kind.describe()} "
+                                 f"(as --{field.replace('_', '-')}), got {value!r}") from None
 
 
 def _add_training_args(p: argparse.ArgumentParser, json_help: str) -> None:
@@ -913,6 +934,7 @@ def _sweep(args) -> int:
         settings = sweep.load_settings(args.settings)
     sweep.check_settings(settings, args.max_settings,
                          fixed=[k for k, v in fixed.items() if v is not None])
+    _check_swept_numbers(settings)
     key, preset_name = _preset_of(args)
     base = preset_config(key, args.laplacian, args.preset, **fixed)
     start = time.perf_counter()
