@@ -28,7 +28,26 @@ class DeviceUnavailableError(ValueError):
 def resolve_device(spec: Union[str, torch.device, None] = "auto") -> torch.device:
     """``"auto"`` (the current GPU when torch sees one, else the CPU), ``"cpu"``, ``"cuda"``
     or ``"cuda:N"``; raises :class:`DeviceUnavailableError` with the fix when the GPU is
-    missing."""
+    missing.
+
+    Args:
+        spec: ``"auto"`` (or None), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (case and spaces
+            ignored), or a ``torch.device``.
+
+    Returns:
+        torch.device: the device, with its index for CUDA.
+
+    Raises:
+        DeviceUnavailableError: (a ValueError) a spec that is not a CPU or CUDA device, or a
+            GPU that this machine or this torch build does not have.
+
+    Example:
+        >>> from dignn import resolve_device
+        >>> resolve_device(" CPU ")
+        device(type='cpu')
+        >>> resolve_device("auto").type in ("cpu", "cuda")
+        True
+    """
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
         return torch.device("cuda", torch.cuda.current_device()) \
             if torch.cuda.is_available() else torch.device("cpu")

@@ -52,7 +52,29 @@ def gin_folds(y, num_folds: int = GIN_NUM_FOLDS, seed: int = 0) -> list:
     """GIN's cross-validation folds over items with labels ``y``: the stratified folds of
     :func:`dignn.data.stratified_folds` (same ``seed``, so fold ``k`` holds the same items as
     the test fold of the ``holdout`` split ``k``), with split ``k`` training on the other
-    ``num_folds - 1`` folds and holding out fold ``k`` as its validation and test set."""
+    ``num_folds - 1`` folds and holding out fold ``k`` as its validation and test set.
+
+    Args:
+        y: int Tensor [num_items], the class of each item (graph).
+        num_folds: the folds, >= 3.
+        seed: the shuffling seed.
+
+    Returns:
+        list: ``num_folds`` :class:`~dignn.data.Split` s whose ``val`` and ``test`` are the
+        same held-out fold.
+
+    Raises:
+        ValueError: ``num_folds`` < 3.
+
+    Example:
+        >>> import torch
+        >>> from dignn import gin_folds
+        >>> folds = gin_folds(torch.tensor([0, 1] * 6), num_folds=3)
+        >>> [f.sizes() for f in folds]
+        [(8, 4, 4), (8, 4, 4), (8, 4, 4)]
+        >>> bool((folds[0].val == folds[0].test).all())
+        True
+    """
     import torch
     from .data.core import Split, stratified_folds
     folds = []
@@ -118,7 +140,29 @@ class GinScore:
 def gin_score(split_results: Sequence) -> GinScore:
     """Aggregates the per-epoch held-out accuracies (``test_history``) of the folds of a run
     under the gin protocol into :class:`GinScore`. Every fold must have run the same number
-    of epochs."""
+    of epochs.
+
+    Args:
+        split_results: the folds' :class:`~dignn.training.SplitResult` s (anything with
+            ``test_history`` and ``split``).
+
+    Returns:
+        GinScore: the epoch (1-based) of the best mean held-out accuracy over the folds
+        (ties: the earliest), its mean and sample standard deviation, and the per-fold
+        accuracies there.
+
+    Raises:
+        ValueError: no results, or folds of different (or no) epochs.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from dignn import gin_score
+        >>> folds = [SimpleNamespace(split=0, test_history=[0.5, 0.75, 0.5]),
+        ...          SimpleNamespace(split=1, test_history=[0.5, 0.5, 0.75])]
+        >>> score = gin_score(folds)
+        >>> score.epoch, score.mean, score.per_fold
+        (2, 0.625, [0.75, 0.5])
+    """
     results = list(split_results)
     if not results:
         raise ValueError("gin_score needs the results of at least one fold")

@@ -39,7 +39,23 @@ CHI_FLOOR = 1e-30  # the kernels' guard (csrc/dignn/laplacian_math.h, kChiFloor)
 
 
 class MuBelowSpectrumWarning(UserWarning):
-    """mu <= lambda_max(Delta): the fixed-point iteration is not guaranteed to converge."""
+    """mu <= lambda_max(Delta): the fixed-point iteration is not guaranteed to converge
+    (the paper's well-posedness corollary needs mu > lambda_max). A ``UserWarning``, given by
+    :func:`check_mu`.
+
+    Example:
+        >>> import warnings
+        >>> from dignn import MuBelowSpectrumWarning, check_mu
+        >>> import torch
+        >>> from dignn_kernels import FusedImplicitDiffusion
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # path: rw spectrum 0, 1, 2
+        >>> layer = FusedImplicitDiffusion(2, mu=1.5, laplacian="rw")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = check_mu(layer, torch.ones(3, 2), edge_index)
+        >>> [w.category is MuBelowSpectrumWarning for w in caught]
+        [True]
+    """
 
 
 @dataclass
@@ -98,7 +114,34 @@ def apply_laplacian(op: LaplacianOperator, v: Tensor) -> Tensor:
 def estimate_lambda_max(op: LaplacianOperator, num_iter: int = 30, num_vectors: int = 4,
                         seed: int = 0) -> SpectralEstimate:
     """lambda_max(Delta) by ``num_iter`` power iterations on ``num_vectors`` random start
-    vectors at once (the columns of one n x k block, one fused pass per iteration)."""
+    vectors at once (the columns of one n x k block, one fused pass per iteration).
+
+    Args:
+        op: Delta of a layer at an input (:func:`laplacian_operator`).
+        num_iter: power iterations, >= 1.
+        num_vectors: start vectors iterated together.
+        seed: the seed of the start vectors (CPU generator).
+
+    Returns:
+        SpectralEstimate: ``lambda_max``, the ``iterations`` run, and ``symmetric``: True
+        when it is the Rayleigh quotient in the chi inner product (a lower bound, exact in
+        the limit), False for a directed graph (the growth rate, tending to the spectral
+        radius).
+
+    Raises:
+        ValueError: ``num_iter`` not a positive integer.
+
+    Example:
+        >>> from dignn import estimate_lambda_max
+        >>> from dignn.spectral import laplacian_operator
+        >>> import torch
+        >>> from dignn_kernels import FusedImplicitDiffusion
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # path: rw spectrum 0, 1, 2
+        >>> layer = FusedImplicitDiffusion(2, mu=1.5, laplacian="rw")
+        >>> est = estimate_lambda_max(laplacian_operator(layer, torch.ones(3, 2), edge_index))
+        >>> round(est.lambda_max, 4), est.symmetric
+        (2.0, True)
+    """
     if isinstance(num_iter, bool) or not isinstance(num_iter, int) or num_iter < 1:
         raise ValueError(f"num_iter must be a positive integer, got {num_iter!r}")
     n = op.num_nodes
@@ -134,7 +177,33 @@ def check_mu(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
              edge_weight: Optional[Tensor] = None, num_iter: int = 30,
              where: str = "") -> SpectralEstimate:
     """Estimates lambda_max(Delta) of ``layer`` at input ``x`` and warns
-    (:class:`MuBelowSpectrumWarning`) when ``layer.mu <= lambda_max``."""
+    (:class:`MuBelowSpectrumWarning`) when ``layer.mu <= lambda_max``.
+
+    Args:
+        layer: the :class:`~dignn_kernels.FusedImplicitDiffusion` (its Laplacian and mu).
+        x: float Tensor [num_nodes, in_channels], the layer's input X~ (the neural
+            Laplacian depends on it through chi, p, q: eq. 12-14).
+        edge_index: the graph, as the layer takes it (PyG's flow).
+        edge_weight: optional float Tensor [num_edges].
+        num_iter: power iterations.
+        where: a note for the warning (e.g. ``"split 0, before training"``).
+
+    Returns:
+        SpectralEstimate: as :func:`estimate_lambda_max`.
+
+    Example:
+        >>> import warnings
+        >>> from dignn import check_mu
+        >>> import torch
+        >>> from dignn_kernels import FusedImplicitDiffusion
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # path: rw spectrum 0, 1, 2
+        >>> layer = FusedImplicitDiffusion(2, mu=1.5, laplacian="rw")
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")  # mu = 1.5 <= 2: it warns
+        ...     est = check_mu(layer, torch.ones(3, 2), edge_index)
+        >>> round(est.lambda_max, 4)
+        2.0
+    """
     est = estimate_lambda_max(laplacian_operator(layer, x, edge_index, edge_weight),
                               num_iter=num_iter)
     if math.isfinite(est.lambda_max) and layer.mu <= est.lambda_max:

@@ -116,7 +116,24 @@ def _check_json_value(name: str, value):
 
 def parse_grid(items: Sequence[str]) -> Dict[str, List]:
     """``["mu=1.25,2.2", "dropout=0.1,0.5"]`` -> ``{"mu": [1.25, 2.2], "dropout": [0.1, 0.5]}``,
-    each value parsed to its TrainConfig field's type."""
+    each value parsed to its TrainConfig field's type.
+
+    Args:
+        items: ``KEY=V1,V2,...`` strings (the command line's ``--grid``), KEY a
+            :class:`~dignn.presets.TrainConfig` field (``-`` and ``_`` alike).
+
+    Returns:
+        Dict[str, List]: each field's values, in the order given.
+
+    Raises:
+        ValueError: an entry without ``=`` or with an empty value, an unknown field, a field
+            given twice, a value that does not parse as the field's type, or no entries.
+
+    Example:
+        >>> from dignn import parse_grid
+        >>> parse_grid(["mu=1.25,2.2", "hidden=32,64", "solver=cg"])
+        {'mu': [1.25, 2.2], 'hidden': [32, 64], 'solver': ['cg']}
+    """
     grid: Dict[str, List] = {}
     for item in items:
         key, sep, values = item.partition("=")
@@ -207,6 +224,12 @@ def validate_config(dataset, config: TrainConfig) -> None:
     training.build_model(dataset, config)
 
 
+def _summary(values: str, which: int, doc: str) -> property:
+    """A read-only property: the mean (``which`` 0) or the sample standard deviation (1) of
+    the list field ``values`` (:func:`~dignn.protocols.mean_std`)."""
+    return property(lambda self: mean_std(getattr(self, values))[which], doc=doc)
+
+
 def _describe(overrides: Dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(the preset)"
 
@@ -223,13 +246,8 @@ class SettingResult:
     seconds: float
     gin: Optional[GinScore] = None  # gin protocol: the cross-validation number
 
-    @property
-    def val_mean(self) -> float:
-        return mean_std(self.val_acc)[0]
-
-    @property
-    def val_std(self) -> float:
-        return mean_std(self.val_acc)[1]
+    val_mean = _summary("val_acc", 0, "The mean validation accuracy over the splits.")
+    val_std = _summary("val_acc", 1, "Its sample standard deviation (0 for one split).")
 
     @property
     def score(self) -> float:
@@ -262,6 +280,31 @@ def select_setting(results: Sequence[SettingResult]) -> int:
 
 @dataclass
 class SweepResult:
+    """What :func:`run_sweep` returns: every setting's validation numbers and the chosen
+    setting's test accuracies (the others' are never kept).
+
+    Args:
+        dataset: the dataset's name.
+        laplacian: the base config's Laplacian.
+        protocol: ``"holdout"`` or ``"gin"``.
+        base_config: the :class:`~dignn.presets.TrainConfig` the settings change.
+        settings: one :class:`SettingResult` per setting, in the order given.
+        chosen: the chosen setting's position in ``settings``.
+        chosen_config: its full config.
+        test_acc: its test accuracy per split (gin: per fold at the CV epoch).
+        environment: device, versions and threads of the runs.
+
+    Example:
+        >>> from dignn import load_dataset, preset_config, run_sweep
+        >>> data = load_dataset("csbm", num_nodes=40, num_splits=2)
+        >>> base = preset_config("csbm", epochs=2, hidden=8)
+        >>> result = run_sweep(data, base, [{"mu": 2.0}, {"mu": 3.0}], device="cpu")
+        >>> result.best is result.settings[result.chosen], len(result.test_acc)
+        (True, 2)
+        >>> sorted(result.to_json()["chosen"])[:3]
+        ['config', 'index', 'overrides']
+    """
+
     dataset: str
     laplacian: str
     protocol: str
@@ -274,17 +317,15 @@ class SweepResult:
 
     @property
     def best(self) -> SettingResult:
+        """The chosen setting's :class:`SettingResult`."""
         return self.settings[self.chosen]
 
-    @property
-    def test_mean(self) -> float:
-        return mean_std(self.test_acc)[0]
-
-    @property
-    def test_std(self) -> float:
-        return mean_std(self.test_acc)[1]
+    test_mean = _summary("test_acc", 0, "The chosen setting's mean test accuracy.")
+    test_std = _summary("test_acc", 1, "Its sample standard deviation (0 for one split).")
 
     def to_json(self) -> Dict:
+        """The record ``dignn sweep --json`` writes: the protocol, the selection rule, every
+        setting's validation numbers and the chosen setting with its test accuracies."""
         chosen = {"index": self.best.index, "overrides": self.best.overrides,
                   "config": self.chosen_config.as_dict(), "splits": self.best.splits,
                   "test_acc": self.test_acc, "test_mean": self.test_mean,
@@ -311,7 +352,37 @@ def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
     """Trains ``base_config.replace(**s)`` for each setting ``s`` on ``splits`` (default: all)
     of ``dataset`` under ``protocol`` and chooses one (module docstring). Every config is
     checked before the first is trained. ``on_setting(result, total)`` is called after each
-    setting with its validation numbers."""
+    setting with its validation numbers.
+
+    Args:
+        dataset: a NodeDataset, GraphDataset or InductiveDataset.
+        base_config: the :class:`~dignn.presets.TrainConfig` the settings change.
+        settings: dicts of TrainConfig overrides (e.g. from :func:`parse_grid` and
+            :func:`expand_grid`).
+        splits: the split indices to train (default: all).
+        protocol: ``"holdout"`` or ``"gin"`` (graph classification only).
+        progress: show progress bars.
+        on_setting: called as ``on_setting(result, total)`` after each setting.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        compile_model: compile each model's forward with ``torch.compile``.
+        sync_every: epochs between host reads.
+
+    Returns:
+        SweepResult: every setting's validation numbers and the chosen setting's test ones.
+
+    Raises:
+        ValueError: a setting whose config cannot train (naming the setting), an unknown
+            protocol, or bad splits.
+
+    Example:
+        >>> from dignn import load_dataset, preset_config, run_sweep
+        >>> data = load_dataset("csbm", num_nodes=40, num_splits=2)
+        >>> base = preset_config("csbm", epochs=2, hidden=8)
+        >>> result = run_sweep(data, base, [{"mu": 2.0}, {"mu": 3.0}], splits=[0],
+        ...                    device="cpu")
+        >>> [s.overrides for s in result.settings], result.chosen in (0, 1)
+        ([{'mu': 2.0}, {'mu': 3.0}], True)
+    """
     dataset = apply_protocol(dataset, protocol)
     configs = []
     for k, overrides in enumerate(settings):

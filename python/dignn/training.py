@@ -126,7 +126,26 @@ class SplitResult:
 
 @dataclass
 class RunResult:
-    """The splits' results; ``test_acc``, ``mean`` and ``std`` are of ``metric``."""
+    """The splits' results; ``test_acc``, ``mean`` and ``std`` are of ``metric``.
+
+    Args:
+        dataset: the dataset's name.
+        laplacian: the config's Laplacian.
+        config: the :class:`~dignn.presets.TrainConfig` trained.
+        splits: one :class:`SplitResult` per split trained, in order.
+        environment: device, device name, torch and CUDA versions, threads, compiled.
+        metric: ``"accuracy"`` or ``"micro_f1"`` (:data:`TASK_METRICS` of the task).
+
+    Example:
+        >>> from dignn import load_dataset, preset_config, train
+        >>> data = load_dataset("csbm", num_nodes=40, num_splits=2)
+        >>> config = preset_config("csbm", epochs=2, hidden=8)
+        >>> run = train(data, config, splits=[0, 1], progress=False, device="cpu")
+        >>> len(run.test_acc), run.metric, 0.0 <= run.mean <= 1.0
+        (2, 'accuracy', True)
+        >>> sorted(run.to_json())[:3]
+        ['backend', 'best_epoch', 'compiled']
+    """
 
     dataset: str
     laplacian: str
@@ -137,10 +156,12 @@ class RunResult:
 
     @property
     def test_acc(self) -> List[float]:
+        """Each split's test score (at its epoch of the best validation score)."""
         return [s.test_acc for s in self.splits]
 
     @property
     def mean(self) -> float:
+        """The mean test score over the splits (NaN for none)."""
         accs = self.test_acc
         return sum(accs) / len(accs) if accs else float("nan")
 
@@ -1013,7 +1034,37 @@ def train(dataset: Dataset, config: TrainConfig,
     is the number of epochs between host reads. ``checkpoint``: save the run's state there
     and, with ``resume``, continue from it (:class:`Checkpointing`). ``fit``: what trains
     one split (default: the task's ``train_*_split``; :mod:`dignn.distributed` passes its
-    own)."""
+    own).
+
+    Args:
+        dataset: a NodeDataset, GraphDataset or InductiveDataset (:func:`dignn.load_dataset`,
+            :func:`dignn.from_pyg`).
+        config: the :class:`~dignn.presets.TrainConfig` (:func:`dignn.preset_config`).
+        splits: the split indices to train (default: all of ``dataset.splits``).
+        progress: show a progress bar per split.
+        on_split: called with each :class:`SplitResult`.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
+        compile_model: compile each model's forward with ``torch.compile``.
+        sync_every: epochs between host reads (>= 1).
+        checkpoint: a :class:`Checkpointing`, or None.
+        fit: what trains one split, or None.
+
+    Returns:
+        RunResult: the splits' results, scored by the task's metric.
+
+    Raises:
+        ValueError: a config number out of range (naming the field and its option), split
+            indices out of range, a bad ``sync_every``, or a checkpoint of another run.
+        DeviceUnavailableError: ``device`` names a GPU that is not there.
+
+    Example:
+        >>> from dignn import load_dataset, preset_config, train
+        >>> data = load_dataset("csbm", num_nodes=40, num_splits=2)
+        >>> config = preset_config("csbm", epochs=2, hidden=8)
+        >>> run = train(data, config, splits=[0], progress=False, device="cpu")
+        >>> run.splits[0].epochs_run, run.metric
+        (2, 'accuracy')
+    """
     check_training_numbers(config)
     n = len(dataset.splits)
     splits = list(range(n)) if splits is None else list(splits)
@@ -1065,7 +1116,42 @@ def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[
     ``splits`` picks split indices to train (default: all). ``allow_pickle``: unpickle a
     file that plain ``torch.load(weights_only=True)`` refuses (it can run code from the
     file: only for files you trust). ``overrides`` are
-    :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``)."""
+    :class:`~dignn.presets.TrainConfig` fields (``epochs=50``, ``hidden=32``, ``mu=2.5``).
+
+    Args:
+        data: a PyG ``Data``, a dataset or list of ``Data``, a NodeDataset/GraphDataset, or
+            a file path (``str`` or ``os.PathLike``).
+        laplacian: ``"neural"`` or ``"rw"``.
+        splits: split indices to train (default: all).
+        split_ratio: (train, val, test) shares for random splits (see
+            :func:`dignn.data.from_pyg`).
+        num_splits: the splits (or folds) to make.
+        split_seed: split ``k`` is drawn with seed ``split_seed + k``.
+        name: the run's dataset name.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        progress: show progress bars.
+        allow_pickle: unpickle a file that needs it (runs its code: trusted files only).
+        **overrides: TrainConfig fields.
+
+    Returns:
+        RunResult: the splits' results.
+
+    Raises:
+        UserDataError: data or a file that cannot be trained on (what to change).
+        ValueError: an unknown TrainConfig field or a value out of range.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> from dignn import train_graph_data
+        >>> _ = torch.manual_seed(0)
+        >>> data = Data(x=torch.randn(12, 3), y=torch.tensor([0, 1] * 6),
+        ...             edge_index=torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]]))
+        >>> run = train_graph_data(data, split_ratio=(0.5, 0.25, 0.25), num_splits=1,
+        ...                        device="cpu", epochs=2, hidden=8)
+        >>> run.dataset, len(run.splits)
+        ('graph-data', 1)
+    """
     from .presets import USER_DATA, preset_config
     if isinstance(data, (str, os.PathLike)):
         dataset = load_user_file(data, name, split_ratio, num_splits, split_seed,

@@ -95,7 +95,34 @@ def load_dataset(name: str = "csbm", data_root: Optional[PathLike] = None,
                  ) -> Union[NodeDataset, GraphDataset]:
     """Loads a dataset by name (see the module docstring; ``_`` and ``-`` are the same).
     ``generator_kwargs`` go to the generators of ``csbm`` and ``penn94-synthetic`` (e.g.
-    ``homophily=0.3``)."""
+    ``homophily=0.3``).
+
+    Args:
+        name: a name of :data:`DATASETS` (case-insensitive; default ``"csbm"``, generated).
+        data_root: where raw files are looked for (PyG's layout ``<root>/<name>/raw/...``;
+            default ``$DIGNN_DATA``, else the cache); only ever read.
+        cache_dir: where PyG runs and writes ``processed/`` (default ``$DIGNN_CACHE`` or
+            ``~/.cache/dignn``).
+        **generator_kwargs: options of :func:`csbm` or :func:`penn94_synthetic`
+            (``num_nodes``, ``homophily``, ``num_splits``, ``seed``, ...).
+
+    Returns:
+        NodeDataset, GraphDataset or InductiveDataset: by the dataset's task.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones), or generator
+            options for a dataset read from files.
+        DatasetUnavailableError: the raw files are missing and cannot be downloaded (the
+            message lists every expected file, its folder and its URL).
+
+    Example:
+        >>> from dignn import load_dataset
+        >>> data = load_dataset("csbm", num_nodes=40, num_splits=2)
+        >>> data.x.shape, data.num_classes, len(data.splits)
+        (torch.Size([40, 32]), 4, 2)
+        >>> data.splits[0].sizes()  # seeded 60/20/20 of the labeled nodes
+        (24, 8, 8)
+    """
     key = name.lower().replace("_", "-")
     if key not in DATASETS or key not in {**GENERATORS, **LOADERS}:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")

@@ -22,9 +22,11 @@ class Split:
     test: Tensor
 
     def sizes(self) -> Tuple[int, int, int]:
+        """(train, validation, test) counts."""
         return self.train.numel(), self.val.numel(), self.test.numel()
 
     def to(self, device, non_blocking: bool = False) -> "Split":
+        """The split's indices on ``device``."""
         return Split(*(t.to(device, non_blocking=non_blocking)
                        for t in (self.train, self.val, self.test)))
 
@@ -32,7 +34,28 @@ class Split:
 @dataclass
 class NodeDataset:
     """One graph for node classification. ``y`` is -1 on unlabeled nodes; ``x`` may be a
-    sparse COO tensor (the one-hot facebook100 features)."""
+    sparse COO tensor (the one-hot facebook100 features).
+
+    Args:
+        name: the dataset's name in results.
+        x: float Tensor [num_nodes, num_features], dense or sparse COO.
+        y: int64 Tensor [num_nodes], the classes (-1: unlabeled).
+        edge_index: int64 Tensor [2, num_edges] in PyG's convention (node
+            ``edge_index[1]`` aggregates over ``edge_index[0]``).
+        num_classes: the classifier's output width.
+        splits: the :class:`Split` s (node indices) to train and evaluate on.
+        description: one line for the logs.
+
+    Example:
+        >>> import torch
+        >>> from dignn import NodeDataset
+        >>> from dignn.data import Split
+        >>> split = Split(torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3]))
+        >>> data = NodeDataset("tiny", torch.eye(4), torch.tensor([0, 1, 0, 1]),
+        ...                    torch.tensor([[0, 1, 2], [1, 2, 3]]), 2, [split])
+        >>> data.num_nodes, data.num_features, data.device
+        (4, 4, device(type='cpu'))
+    """
 
     name: str
     x: Tensor
@@ -46,10 +69,12 @@ class NodeDataset:
 
     @property
     def num_nodes(self) -> int:
+        """The graph's nodes (the length of ``y``)."""
         return self.y.numel()
 
     @property
     def device(self) -> torch.device:
+        """Where the labels (and, after :meth:`to`, everything) are."""
         return self.y.device
 
     def to(self, device) -> "NodeDataset":
@@ -64,12 +89,34 @@ class NodeDataset:
 
     @property
     def num_features(self) -> int:
+        """The feature width (columns of ``x``)."""
         return self.x.size(1)
 
 
 @dataclass
 class GraphDataset:
-    """Many small graphs for graph classification (a PyG dataset) and its folds."""
+    """Many small graphs for graph classification (a PyG dataset) and its folds.
+
+    Args:
+        name: the dataset's name in results.
+        graphs: a sequence of PyG ``Data`` with ``x`` [n, num_features], ``edge_index`` and
+            one class in ``y``.
+        num_features: the node feature width.
+        num_classes: the classifier's output width.
+        splits: the :class:`Split` s (graph indices), e.g. :func:`stratified_folds`.
+        description: one line for the logs.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> from dignn import GraphDataset
+        >>> from dignn.data import stratified_folds
+        >>> graphs = [Data(x=torch.ones(2, 3), edge_index=torch.tensor([[0, 1], [1, 0]]),
+        ...                y=torch.tensor([k % 2])) for k in range(6)]
+        >>> data = GraphDataset("pairs", graphs, 3, 2, stratified_folds(torch.arange(6) % 2, 3))
+        >>> len(data.splits), data.task
+        (3, 'graph')
+    """
 
     name: str
     graphs: Sequence  # PyG Data objects with x, edge_index, y
@@ -181,12 +228,15 @@ class InductiveDataset:
 
     @property
     def train(self) -> List:
+        """The training graphs."""
         return self._graphs_of(self.splits[0].train)
 
     @property
     def val(self) -> List:
+        """The validation graphs (not seen in training)."""
         return self._graphs_of(self.splits[0].val)
 
     @property
     def test(self) -> List:
+        """The test graphs (not seen in training)."""
         return self._graphs_of(self.splits[0].test)

@@ -52,7 +52,17 @@ _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int6
 
 class UserDataError(ValueError):
     """A user's graph or file cannot be trained on as it is; the message says why and what to
-    change."""
+    change. A ``ValueError``.
+
+    Example:
+        >>> import torch
+        >>> from dignn import UserDataError, from_pyg
+        >>> try:
+        ...     from_pyg({"edge_index": torch.tensor([[0], [1]]), "y": torch.tensor([0, 1])})
+        ... except UserDataError as err:
+        ...     print("refused:", str(err)[:40])
+        refused: ...
+    """
 
 
 def _plain(t: Tensor) -> Tensor:
@@ -393,7 +403,36 @@ def from_pyg(data, name: Optional[str] = None,
     ``"graph-data"``). ``split_ratio=(train, val, test)`` (shares in (0, 1) summing to at most
     1): ``num_splits`` seeded random splits, used when the graph has no masks (masks win, with
     a warning). Without masks or ``split_ratio``, node data is refused; graphs get stratified
-    ``num_splits``-fold cross-validation."""
+    ``num_splits``-fold cross-validation.
+
+    Args:
+        data: a PyG ``Data`` (or a dict of its tensors) for node classification; a
+            ``Dataset``/``InMemoryDataset`` or list of ``Data`` with one label each for graph
+            classification. ``edge_index`` is used as given (PyG's flow: node
+            ``edge_index[1]`` aggregates over ``edge_index[0]``; add reverse edges for an
+            undirected graph).
+        name: the name in results.
+        split_ratio: (train, val, test) shares, or None.
+        num_splits: the random splits (or folds) to make, >= 1.
+        seed: split ``k`` is drawn with seed ``seed + k``.
+
+    Returns:
+        NodeDataset or GraphDataset.
+
+    Raises:
+        UserDataError: anything the model cannot train on (no features, bad shapes, labels,
+            masks or ratios; a HeteroData), with what to change.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> from dignn import from_pyg
+        >>> data = Data(x=torch.randn(8, 3), y=torch.tensor([0, 1] * 4),
+        ...             edge_index=torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]]))
+        >>> dataset = from_pyg(data, split_ratio=(0.5, 0.25, 0.25), num_splits=2)
+        >>> dataset.num_classes, len(dataset.splits), dataset.splits[0].sizes()
+        (2, 2, (4, 2, 2))
+    """
     from torch_geometric.data import Data, HeteroData
     name = name or (getattr(data, "name", None) if isinstance(getattr(data, "name", None), str)
                     else None) or "graph-data"
@@ -446,7 +485,32 @@ def load_user_file(path: Union[str, os.PathLike], name: Optional[str] = None,
     Anything else (a whole dataset object, ``torch.save(dataset, path)``, which pickles its
     class; a ``Data`` holding other objects) is refused with :class:`UserDataError`, unless
     ``allow_pickle=True`` (the CLI's ``--trust-pickle``): then the file is **unpickled**
-    (``weights_only=False``), which can run arbitrary code: only for files you trust."""
+    (``weights_only=False``), which can run arbitrary code: only for files you trust.
+
+    Args:
+        path: the file.
+        name: the name in results (default: the file's stem).
+        split_ratio, num_splits, seed: as for :func:`from_pyg`.
+        allow_pickle: unpickle a file ``weights_only=True`` refuses (runs its code).
+
+    Returns:
+        NodeDataset or GraphDataset.
+
+    Raises:
+        UserDataError: a missing, empty, damaged or foreign file, one that needs unpickling
+            without ``allow_pickle``, or data :func:`from_pyg` refuses.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> from torch_geometric.data import Data
+        >>> from dignn import load_user_file
+        >>> path = os.path.join(tempfile.mkdtemp(), "graph.pt")
+        >>> torch.save(Data(x=torch.randn(8, 3), y=torch.tensor([0, 1] * 4),
+        ...                 edge_index=torch.tensor([[0, 1], [1, 0]])), path)
+        >>> dataset = load_user_file(path, split_ratio=(0.5, 0.25, 0.25), num_splits=1)
+        >>> dataset.name, dataset.x.shape
+        ('graph', torch.Size([8, 3]))
+    """
     path = Path(path).expanduser()
     if not path.is_file():
         where = "is a folder" if path.is_dir() else "does not exist"
