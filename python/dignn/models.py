@@ -279,10 +279,9 @@ class DIGNNNodeClassifier(nn.Module):
         else:
             self.lin_in = nn.Linear(in_channels, hidden)
         self.norm_in = nn.BatchNorm1d(hidden)
-        self.diffusion = _implicit_layer(hidden, storage_dtype, mu=mu, laplacian=laplacian,
-                                         metric_channels=metric_channels, max_iter=max_iter,
-                                         tol=tol, backend=backend, solver=solver,
-                                         reorder=reorder)
+        self.diffusion = _implicit_layer(
+            hidden, storage_dtype, mu=mu, laplacian=laplacian, metric_channels=metric_channels,
+            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -424,10 +423,9 @@ class DIGNNGraphClassifier(nn.Module):
         self.pooling = pooling
         self.lin_in = nn.Linear(in_channels, hidden)
         self.norm_in = nn.BatchNorm1d(hidden)
-        self.diffusion = _implicit_layer(hidden, storage_dtype, mu=mu, laplacian=laplacian,
-                                         metric_channels=metric_channels, max_iter=max_iter,
-                                         tol=tol, backend=backend, solver=solver,
-                                         reorder=reorder)
+        self.diffusion = _implicit_layer(
+            hidden, storage_dtype, mu=mu, laplacian=laplacian, metric_channels=metric_channels,
+            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder)
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)
