@@ -68,14 +68,19 @@ class NodeDataset:
     task = "node"
 
     @property
+    def device(self) -> torch.device:
+        """Where the labels (and, after :meth:`to`, everything) are."""
+        return self.y.device
+
+    @property
     def num_nodes(self) -> int:
         """The graph's nodes (the length of ``y``)."""
         return self.y.numel()
 
     @property
-    def device(self) -> torch.device:
-        """Where the labels (and, after :meth:`to`, everything) are."""
-        return self.y.device
+    def num_features(self) -> int:
+        """The feature width (columns of ``x``)."""
+        return self.x.size(1)
 
     def to(self, device) -> "NodeDataset":
         """The same dataset with features (dense or sparse), labels, edges and every split's
@@ -86,11 +91,6 @@ class NodeDataset:
         return dataclasses.replace(self, x=self.x.to(device), y=self.y.to(device),
                                    edge_index=self.edge_index.to(device),
                                    splits=[s.to(device) for s in self.splits])
-
-    @property
-    def num_features(self) -> int:
-        """The feature width (columns of ``x``)."""
-        return self.x.size(1)
 
 
 @dataclass
