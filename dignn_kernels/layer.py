@@ -95,7 +95,7 @@ class FusedImplicitDiffusion(nn.Module):
     stored) the two agree, on a directed one pass ``edge_index.flip(0)`` to reproduce theirs.
     ``tol`` is relative (||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F) and ``max_iter`` counts
     sweeps (Z_1 = X is the first), while the authors' ``threshold`` is an absolute bound on
-    ||Z_t - Z_{t-1}||.
+    ||Z_t - Z_{t-1}|| and their loop runs up to ``max_iter + 2`` applications of the map.
 
     Raises:
         ValueError: a constructor argument out of its range or not one of its choices (the
