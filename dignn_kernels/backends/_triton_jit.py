@@ -48,6 +48,8 @@ import triton
 import triton.language as tl
 
 from ..laplacian import CHI_FLOOR  # rows with chi <= CHI_FLOOR are guarded
+from ..solver_state import (DIVERGED, DONE, FP_BOUND, FP_RELATIVE, FP_TINY, FP_TOL, RESIDUAL,
+                            SWEEPS)
 from .interface import ROW_STEP_SUMS
 
 _CHI_FLOOR = tl.constexpr(CHI_FLOOR)  # the same, readable inside kernels
@@ -565,17 +567,25 @@ def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, 
 
 # ------------------------------------------------------ the solves' bookkeeping --
 
+# The slots of a solve's state (dignn_kernels.solver_state), as kernel constants
+_DONE, _DIVERGED, _SWEEPS, _RESIDUAL = (tl.constexpr(i) for i in (DONE, DIVERGED, SWEEPS,
+                                                                  RESIDUAL))
+_FP_RELATIVE, _FP_TOL, _FP_BOUND, _FP_TINY = (tl.constexpr(i) for i in (FP_RELATIVE, FP_TOL,
+                                                                        FP_BOUND, FP_TINY))
+
+
 @triton.jit
 def record_iteration(state, res, bad, stop):
-    """One iteration of a solve in its float64 state, whose first four fields the fixed
-    point's and cg's layouts share (0 done, 1 diverged, 2 iterations, 3 residual): if the solve
+    """One iteration of a solve in its float64 state, the shared slots of every solver's
+    layout (dignn_kernels.solver_state.record_iteration, the same in PyTorch): if the solve
     was live, the iteration counted, res kept, divergence flagged where `bad`; done once
     bad or `stop`. Returns whether it was live (a done solve keeps its state)."""
-    live = tl.load(state) == 0
-    tl.store(state, tl.where((tl.load(state) != 0) | bad | stop, 1.0, 0.0))
-    tl.store(state + 1, tl.where((tl.load(state + 1) != 0) | (live & bad), 1.0, 0.0))
-    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
-    tl.store(state + 3, tl.where(live, res, tl.load(state + 3)))
+    live = tl.load(state + _DONE) == 0
+    tl.store(state + _DONE, tl.where((tl.load(state + _DONE) != 0) | bad | stop, 1.0, 0.0))
+    tl.store(state + _DIVERGED,
+             tl.where((tl.load(state + _DIVERGED) != 0) | (live & bad), 1.0, 0.0))
+    tl.store(state + _SWEEPS, tl.load(state + _SWEEPS) + tl.where(live, 1.0, 0.0))
+    tl.store(state + _RESIDUAL, tl.where(live, res, tl.load(state + _RESIDUAL)))
     return live
 
 
@@ -585,18 +595,17 @@ def _fixed_point_update_kernel(sums, state, history, k):
     program: from the sweep's sums [||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2], the
     relative residual into history[k - 1]; if the solve was live, the sweep counted, the
     residuals kept and divergence (a non-finite residual or the certificate's bound broken)
-    flagged; done once diverged or res <= tol size. State layout: interface.FIXED_POINT_STATE
-    (0 done, 1 diverged, 2 sweeps, 3 residual, 4 relative, 5 tol, 6 bound, 7 tiny)."""
+    flagged; done once diverged or res <= tol size. State: solver_state.FIXED_POINT_STATE."""
     res = tl.sqrt(tl.load(sums))
     size = tl.sqrt(tl.load(sums + 1))
     weighted = tl.load(sums + 2)
     # res * 0 is 0 for a finite res, NaN for inf and NaN (no float literal: they are float32)
-    bad = (res * 0.0 != 0.0) | (weighted > tl.load(state + 6))
-    tiny = tl.load(state + 7)
+    bad = (res * 0.0 != 0.0) | (weighted > tl.load(state + _FP_BOUND))
+    tiny = tl.load(state + _FP_TINY)
     rel = res / tl.where(size < tiny, tiny, size)  # a NaN size stays NaN, as torch.maximum
     tl.store(history + k - 1, rel)
-    live = record_iteration(state, res, bad, res <= tl.load(state + 5) * size)
-    tl.store(state + 4, tl.where(live, rel, tl.load(state + 4)))
+    live = record_iteration(state, res, bad, res <= tl.load(state + _FP_TOL) * size)
+    tl.store(state + _FP_RELATIVE, tl.where(live, rel, tl.load(state + _FP_RELATIVE)))
 
 
 # ---------------------------------------------------------------------- launchers --

@@ -77,6 +77,11 @@ from typing import Callable, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+# A fixed-point solve's state, which a row step updates, under the names its implementers
+# know (the layout of every solver's state is dignn_kernels.solver_state's)
+from ..solver_state import DIVERGED as FP_DIVERGED, DONE as FP_DONE, FIXED_POINT_STATE, \
+    FP_BOUND, FP_RELATIVE, FP_TINY, FP_TOL, RESIDUAL as FP_RESIDUAL, SWEEPS as FP_SWEEPS
+
 __all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowMap", "RowStep",
            "RowProduct", "GradientPass", "STORAGE_DTYPES", "ROW_STEP_SUMS", "FIXED_POINT_STATE",
            "FP_DONE", "FP_DIVERGED", "FP_SWEEPS", "FP_RESIDUAL", "FP_RELATIVE", "FP_TOL",
@@ -86,13 +91,6 @@ __all__ = ["Backend", "FusedSolve", "NeuralEdgeWeights", "RowPass", "RowMap", "R
 STORAGE_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 # The sums a row step takes of its output: ||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2.
 ROW_STEP_SUMS = 3
-# A fixed-point solve's state on the device, one float64 tensor (flags as 0 / 1): its layout,
-# shared by the solvers' loop and the row steps that update it. The first five fields change
-# every sweep (FP_DONE first: the row kernels read the state's first element as their done
-# flag; the first four are cg's too, dignn_kernels.solvers.device_state); the others are the
-# solve's constants.
-FP_DONE, FP_DIVERGED, FP_SWEEPS, FP_RESIDUAL, FP_RELATIVE, FP_TOL, FP_BOUND, FP_TINY = range(8)
-FIXED_POINT_STATE = 8
 
 
 class NeuralEdgeWeights(Protocol):
