@@ -43,6 +43,23 @@ _write_cli_help(HERE / "_generated")
 API_MODULES = ("dignn_kernels", "dignn_kernels.ops", "dignn_kernels.distributed", "dignn")
 
 
+def _summary(obj) -> str:
+    """The first paragraph of a docstring on one line (autosummary's first sentence stops at
+    abbreviations such as "eq. 10")."""
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    if type(obj).__doc__ == doc and not callable(obj):  # a constant: its type's docstring
+        return ""
+    import re
+
+    text = " ".join(doc.split("\n\n")[0].split())
+    # the first sentence: a period and a capital after it, not an abbreviation ("eq. 10")
+    end = re.search(r"(?<!\beq)(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])", text)
+    text = text[:end.start() + 1] if end else text
+    return text[:-1] if text.endswith("::") else text  # "Example::" starts a literal block
+
+
 def _write_api(out: Path) -> None:
     import importlib
     import inspect
@@ -51,8 +68,13 @@ def _write_api(out: Path) -> None:
     for modname in API_MODULES:
         module = importlib.import_module(modname)
         names = list(module.__all__)
-        lines = [f".. currentmodule:: {modname}", "", ".. autosummary::", ""]
-        lines += [f"   {name}" for name in names]
+        lines = [f".. currentmodule:: {modname}", "", ".. list-table::", "   :widths: 30 70",
+                 ""]
+        for name in names:
+            obj = getattr(module, name)
+            role = "mod" if isinstance(obj, types.ModuleType) else "obj"
+            target = obj.__name__ if role == "mod" else name
+            lines += [f"   * - :py:{role}:`{name} <{target}>`", f"     - {_summary(obj)}"]
         lines.append("")
         for name in names:
             obj = getattr(module, name)
@@ -62,16 +84,18 @@ def _write_api(out: Path) -> None:
                               f"The :mod:`{obj.__name__}` module: see :doc:`{name}`.", ""]
                 else:
                     lines += [f".. rubric:: {name}", "",
-                              f".. automodule:: {obj.__name__}", "   :no-members:",
-                              "   :no-index:", "", f".. currentmodule:: {modname}", ""]
+                              f".. automodule:: {obj.__name__}", "   :no-members:", "",
+                              f".. currentmodule:: {modname}", ""]
                 continue
             if inspect.isclass(obj):
                 directive = ("autoexception" if issubclass(obj, BaseException) else "autoclass")
+                lines += [f".. {directive}:: {name}", ""]
             elif callable(obj):
-                directive = "autofunction"
-            else:
-                directive = "autodata"
-            lines += [f".. {directive}:: {name}", ""]
+                lines += [f".. autofunction:: {name}", ""]
+            elif _summary(obj):
+                lines += [f".. autodata:: {name}", ""]
+            else:  # a constant without a doc comment: its value
+                lines += [f".. py:data:: {name}", f"   :value: {obj!r}", ""]
         path = out / f"api_{modname.replace('.', '_')}.rst"
         text = "\n".join(lines) + "\n"
         if not path.is_file() or path.read_text() != text:

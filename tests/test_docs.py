@@ -100,3 +100,12 @@ def test_api_reference_covers_every_public_module():
         page = DOCS / "api" / (module.split(".")[-1] + ".rst")
         assert page.is_file(), f"no API page for {module}"
         assert f"_generated/api_{module.replace('.', '_')}.rst" in page.read_text()
+
+
+def test_readme_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+    assert len(blocks) == 1, "the README has one Python example"
+    assert len(blocks[0].strip().splitlines()) <= 12
+    exec(compile(blocks[0], "README.md", "exec"), {})
+    iterations, relative_residual, backend = capsys.readouterr().out.split()
+    assert int(iterations) >= 1 and float(relative_residual) >= 0 and backend
