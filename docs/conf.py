@@ -74,7 +74,8 @@ def _write_api(out: Path) -> None:
             obj = getattr(module, name)
             role = "mod" if isinstance(obj, types.ModuleType) else "obj"
             target = obj.__name__ if role == "mod" else name
-            lines += [f"   * - :py:{role}:`{name} <{target}>`", f"     - {_summary(obj)}"]
+            summary = _summary(obj) or f"``{obj!r}``"
+            lines += [f"   * - :py:{role}:`{name} <{target}>`", f"     - {summary}"]
         lines.append("")
         for name in names:
             obj = getattr(module, name)
