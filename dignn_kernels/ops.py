@@ -23,6 +23,11 @@ are valid by construction; the layer and the solvers) pass ``trusted=True`` to s
 ops check shapes, dtypes and devices always (csrc/ops/checks.h). Bad graphs raise RuntimeError
 naming the argument, on every backend.
 
+``backend`` (None or a name of :data:`dignn_kernels.backends.BACKENDS`: ``"cpu"``, ``"cuda"``,
+``"triton"``, ``"torch"``) must name a backend that runs on the tensors' device, else a
+RuntimeError says so. Shapes, dtypes and devices wrong for an op raise RuntimeError naming the
+argument.
+
 The arguments get the same checks, with the same messages, on every backend before its pass:
 the compiled ops run csrc/ops/checks.h themselves, and for the other backends this module
 first runs its Python mirror (:mod:`dignn_kernels.checks`: types, shapes, dtypes, every
@@ -84,22 +89,18 @@ def _scalar(value):
 def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor,
                         eps: float = 1e-6, *, trusted: bool = False,
                         backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
-    """Edge weights W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|) (eq. 13-14) and
+    """Edge weights ``W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|)`` (eq. 13-14) and
     their row sums kappa. Differentiable in p and q.
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         a: float Tensor [m], the edge values a_ij >= 0 (the compute dtype: float32 or
             float64).
         p: Tensor [n, h] of a's dtype, p = Θφ Θχ x (eq. 13).
         q: Tensor [n, h] of a's dtype, q = Θϕ x (eq. 14).
         eps: the epsilon of eq. 14, > 0.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
-        backend: None (the compiled ops, on the tensors' device) or a name of
-            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
-            ``"torch"``) that can run on that device.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
+        backend: None (the compiled ops) or a name of :data:`~dignn_kernels.backends.BACKENDS`.
 
     Returns:
         (Tensor, Tensor): W [m] and kappa [n] (kappa_i = sum_j W_ij), in a's dtype.
@@ -107,13 +108,12 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     Raises:
         ValueError: ``eps`` not a finite number > 0, or p so large that p_i . p_j overflows
             (unless ``trusted``).
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
         >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # a path
         >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
         >>> w, kappa = ops.neural_edge_weights(g.rowptr, g.col, g.value, p, p.clone())
         >>> w.shape, kappa.shape
@@ -138,30 +138,27 @@ def neural_edge_weights_backward(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_
     autograd formula calls; the compiled ops only).
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         a, p, q, eps: as for :func:`neural_edge_weights`.
         grad_w: Tensor [m] of a's dtype, dl/dW per CSR entry.
         t_rowptr, t_col, t_perm: the transposed CSR and, per entry, the position of the
             same edge in the CSR (:func:`dignn_kernels.graph.transpose_csr`); required
             here, also on a symmetric graph.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
 
     Returns:
         (Tensor, Tensor): dl/dp [n, h] and dl/dq [n, h].
 
     Raises:
         ValueError: ``eps`` not a finite number > 0, or p that overflows p_i . p_j.
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
-        >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> from dignn_kernels import ops
+        >>> from dignn_kernels.graph import build_graph, transpose_csr
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # a path
         >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
-        >>> from dignn_kernels.graph import transpose_csr
         >>> t_rowptr, t_col, t_perm = transpose_csr(g.rowptr, g.col, 3)
         >>> gp, gq = ops.neural_edge_weights_backward(g.rowptr, g.col, g.value, p, p, 1e-6,
         ...                                           torch.ones(4), t_rowptr, t_col, t_perm)
@@ -184,8 +181,7 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
     it is the paper's iteration Z_(t+1) = X - (1/mu) Delta Z_t (eq. iter).
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         w: float Tensor [m], the edge weights W_ij (neural: :func:`neural_edge_weights`).
         chi: Tensor [n] of w's dtype, the node mass (eq. 12); rows with chi <= 1e-30 do
             not diffuse.
@@ -193,24 +189,20 @@ def diffusion_step(rowptr, col, w, chi, kappa, x, z, mu: float, *, trusted: bool
         x: Tensor [n, d] of w's dtype, the layer input X.
         z: Tensor [n, d] of w's dtype, the current iterate.
         mu: the source-constraint strength, a finite number > 0.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
-        backend: None (the compiled ops, on the tensors' device) or a name of
-            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
-            ``"torch"``) that can run on that device.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
+        backend: None (the compiled ops) or a name of :data:`~dignn_kernels.backends.BACKENDS`.
 
     Returns:
         Tensor: x - (1/mu) Delta z, [n, d] in x's dtype.
 
     Raises:
         ValueError: ``mu`` not a finite number > 0, or so small that 1/(mu chi) overflows.
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
         >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # a path
         >>> w, chi, kappa = g.fixed_laplacian("rw", torch.float32)  # Delta = I - D^-1 A
         >>> x = torch.tensor([[1.0], [0.0], [1.0]])
         >>> ops.diffusion_step(g.rowptr, g.col, w, chi, kappa, x, x, 2.0)
@@ -240,33 +232,28 @@ def csr_fma(rowptr, col, w, y, b, cy, rs, *, schedule: Optional[List[Tensor]] = 
     the other backends make their own.
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         w: float Tensor [m], the weights W_ij of the entries.
         y: Tensor [n, d] of w's dtype, the vector W multiplies.
         b: Tensor [n, d] of w's dtype, the added term.
         cy: Tensor [n] of w's dtype, the per-row coefficient of y.
         rs: Tensor [n] of w's dtype, the per-row scale of W y.
         schedule: the graph's :func:`csr_schedule` (``backend`` None only), or None.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
-        backend: None (the compiled ops, on the tensors' device) or a name of
-            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
-            ``"torch"``) that can run on that device.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
+        backend: None (the compiled ops) or a name of :data:`~dignn_kernels.backends.BACKENDS`.
 
     Returns:
         Tensor: ``b + cy * y + rs * (W y)``, [n, d] in y's dtype.
 
     Raises:
         ValueError: a ``schedule`` with a ``backend`` other than None.
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
         >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
-        >>> y = torch.tensor([[1.0], [2.0], [3.0]])
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # a path
+        >>> y = torch.arange(1.0, 4.0).unsqueeze(1)  # [[1], [2], [3]]
         >>> ones = torch.ones(3)
         >>> ops.csr_fma(g.rowptr, g.col, g.value, y, torch.zeros(3, 1), -ones, ones)
         tensor([[ 1.],
@@ -318,28 +305,25 @@ def row_product(rowptr, col, w, cy, rs, schedule: List[Tensor], y: Tensor, out: 
     GPU. The compiled backends' row product (:mod:`dignn_kernels.backends.compiled`).
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         w: float Tensor [m], the weights W_ij.
         cy, rs: Tensors [n] of w's dtype, the per-row coefficients (as in :func:`csr_fma`).
         schedule: the graph's :func:`csr_schedule`.
         y: Tensor [n, d] of w's dtype, the search direction.
         out: Tensor of y's shape and dtype (not y), written with ``cy * y + rs * (W y)``.
         done: float64 Tensor [>= 1], cg's flags; nonzero ``done[0]`` skips the sweep.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
 
     Returns:
         Tensor: [d] in y's dtype, ``(out * y).sum(0)`` (zeros once ``done[0]`` is set).
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
         >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
+        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # a path
         >>> y = torch.tensor([[1.0], [2.0], [3.0]])
         >>> out = torch.empty_like(y)
         >>> ones = torch.ones(3)
@@ -362,37 +346,32 @@ def neural_weight_grad(rowptr, col, a, p, q, z, v, eps: float = 1e-6, t_rowptr=N
     backward without storing dl/dW.
 
     Args:
-        rowptr: int64 Tensor [n + 1], the CSR row pointers (row i: the targets' side).
-        col: int32 or int64 Tensor [m], the source node of each CSR entry.
+        rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
         a, p, q, eps: as for :func:`neural_edge_weights`.
         z: Tensor [n, d] of a's dtype, the equilibrium Z.
         v: Tensor [n, d] of a's dtype, the adjoint, scaled by the row coefficients.
         t_rowptr, t_col, t_perm: the transposed CSR and, per entry, the position of the
             same edge in the CSR (:meth:`dignn_kernels.CSRGraph.transposed`); None on a
             graph whose edge values are symmetric.
-        trusted: skip the O(nodes + edges) :func:`check_graph` (for a CSR built by
-            :func:`dignn_kernels.build_graph`, valid by construction).
-        backend: None (the compiled ops, on the tensors' device) or a name of
-            :data:`dignn_kernels.backends.BACKENDS` (``"cpu"``, ``"cuda"``, ``"triton"``,
-            ``"torch"``) that can run on that device.
+        trusted: skip the O(nodes + edges) :func:`check_graph` (a CSR from build_graph).
+        backend: None (the compiled ops) or a name of :data:`~dignn_kernels.backends.BACKENDS`.
 
     Returns:
         (Tensor, Tensor): dl/dp [n, h] and dl/dq [n, h], in a's dtype.
 
     Raises:
         ValueError: ``eps`` not a finite number > 0, or p that overflows p_i . p_j.
-        RuntimeError: a tensor of the wrong shape, dtype or device (naming it), a bad CSR
-            (unless ``trusted``), or a ``backend`` that cannot run on the tensors' device.
+        RuntimeError: a bad tensor or CSR, or an unusable backend (module docstring).
 
     Example:
         >>> import torch
         >>> from dignn_kernels import build_graph, ops
-        >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
-        >>> p = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
-        >>> z = torch.ones(3, 4)  # a constant Z: z_j - z_i = 0, no gradient
+        >>> g = build_graph(torch.tensor([[0, 1], [1, 0]]), 2)  # one undirected edge
+        >>> p = torch.tensor([[1.0, 0.5], [0.5, 1.0]])
+        >>> z = torch.ones(2, 4)  # a constant Z: z_j - z_i = 0, no gradient
         >>> gp, gq = ops.neural_weight_grad(g.rowptr, g.col, g.value, p, p, z, z)
         >>> gp.abs().max().item(), gq.shape
-        (0.0, torch.Size([3, 2]))
+        (0.0, torch.Size([2, 2]))
     """
     check_scalars(eps=eps)
     run = _backend(backend, check_neural_weight_grad_args, rowptr, col, a, p, q, z, v, eps,

@@ -19,7 +19,7 @@ __all__ = ["DistributedGraph"]
 
 class DistributedGraph:
     """The piece of ``partition`` that ``rank`` of ``group`` owns, on ``device``, to pass to
-    :class:`~dignn_kernels.FusedImplicitDiffusion` in place of ``edge_index``::
+    :class:`~dignn_kernels.FusedImplicitDiffusion` in place of ``edge_index``. On each rank::
 
         graph = DistributedGraph(partition)          # rank, group: torch.distributed's
         z_owned = layer(x[graph.owned], graph)       # the owned rows of Z
