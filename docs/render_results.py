@@ -39,19 +39,18 @@ PAPER = {
 }
 # (file stem or None, label, splits / protocol) in the table's order.
 ACCURACY_ROWS = [
-    ("chameleon-directed", "Chameleon (`chameleon-directed`: the directed links the paper trains on)",
-     "10 Geom-GCN"),
-    ("chameleon", "Chameleon (`chameleon`: undirected npz)", "10 Geom-GCN"),
+    ("chameleon-directed", "Chameleon (directed links)", "10 Geom-GCN"),
+    ("chameleon", "Chameleon (undirected)", "10 Geom-GCN"),
     ("cora", "Cora", "10 Geom-GCN"),
     ("citeseer", "CiteSeer", "10 Geom-GCN"),
     ("pubmed", "PubMed", "10 Geom-GCN"),
-    ("squirrel-directed", "Squirrel (`squirrel-directed`)", "10 Geom-GCN"),
+    ("squirrel-directed", "Squirrel (directed links)", "10 Geom-GCN"),
     ("amherst41", "Amherst41", "10 random 50/25/25"),
     ("cornell5", "Cornell5", "10 random 50/25/25"),
     ("penn94", "Penn94", "5 LINKX"),
     ("ppi", "PPI (micro-F1)", "20/2/2 graphs"),
     ("mutag", "MUTAG", "GIN 10-fold CV"),
-    ("ptc-mr", "PTC (`ptc-mr`)", "GIN 10-fold CV"),
+    ("ptc-mr", "PTC", "GIN 10-fold CV"),
     ("proteins", "PROTEINS", "GIN 10-fold CV"),
     ("nci1", "NCI1", "GIN 10-fold CV"),
     ("imdb-binary", "IMDB-BINARY", "GIN 10-fold CV"),
@@ -164,17 +163,17 @@ def accuracy():
         rel = f"accuracy_{stem}.json"
         paper = PAPER[stem]
         if not _exists(rel):
-            rows.append([label, splits, "no result in `bench/results/`", f"{paper}", "", "", ""])
+            rows.append([label, splits, "not run", f"{paper}", "", "", "", ""])
             continue
         d = _load(rel)
         mean, std = _accuracy_cells(d)
         mean, std = 100 * mean, 100 * std
         wall = d.get("wall_seconds")
         peak = d.get("peak_rss_gb")
-        rows.append([label, splits, f"{mean:.2f} +- {std:.2f}", f"{paper}",
+        rows.append([label, splits, f"{mean:.2f} ± {std:.2f}", f"{paper}",
                      f"{mean - paper:+.2f}",
                      f"{wall / 60:.1f} min" if wall else NOT_RECORDED,
-                     f"{peak:.2f} GB" if peak else NOT_RECORDED])
+                     f"{peak:.2f} GB" if peak else NOT_RECORDED, f"`{stem}`"])
         device = d.get("device_name") or d.get("device") or NOT_RECORDED
         versions = ", ".join(f"{k} {d[k]}" for k in ("torch", "torch_geometric") if d.get(k))
         if versions:
@@ -182,7 +181,8 @@ def accuracy():
         prov.append(_prov_line(rel, device, d.get("commit", NOT_RECORDED),
                                d.get("date", NOT_RECORDED), d.get("command", NOT_RECORDED)))
     table = _table(["dataset", "splits / protocol", "reached", "paper", "gap", "wall time",
-                    "peak memory"], rows, ["---", "---", "---:", "---:", "---:", "---:", "---:"])
+                    "peak memory", "`accuracy_<run>.json`"], rows,
+                   ["---", "---", "---:", "---:", "---:", "---:", "---:", "---"])
     return table + "\n\n" + _provenance_block(prov)
 
 
@@ -244,11 +244,11 @@ def cpu_step():
             base = base or ms
             e = b.get("extra_info", {})
             rows.append([labels.get(variant, variant), e.get("threads", NOT_RECORDED),
-                         d["datetime"][:10], f"{ms:,.0f}",
+                         d["datetime"][:10], f"`{rel}`", f"{ms:,.0f}",
                          f"{ms / base:.1f}x", f"{e.get('peak_mem_growth_mb', float('nan')):,.0f}"])
         prov.append(_bench_provenance(rel, d))
-    table = _table(["", "threads", "date", "ms per step", "time / fused", "peak growth MB"], rows,
-                   ["---", "---:", "---", "---:", "---:", "---:"])
+    table = _table(["", "threads", "date", "source", "ms per step", "time / fused",
+                    "peak growth MB"], rows, ["---", "---:", "---", "---", "---:", "---:", "---:"])
     return table + "\n\n" + _provenance_block(prov)
 
 
