@@ -15,6 +15,7 @@ the docs build: each imports what it uses.
 import ast
 import doctest
 import importlib
+import importlib.util
 import inspect
 import textwrap
 import types
