@@ -102,7 +102,7 @@ class FusedImplicitDiffusion(nn.Module):
             message names it and the choices); in ``forward``, x of the wrong shape, NaN or
             Inf in x (with host checks), x and the graph or the parameters on different
             devices, or a graph the build refuses (see :func:`~dignn_kernels.build_graph`).
-        TypeError: x not a floating tensor, or a constructor argument of the wrong type.
+        TypeError: x not a floating torch.Tensor.
         IndexError: ``edge_index`` holds a node index outside 0..num_nodes-1.
         RuntimeError: ``backend`` names a backend that cannot run on x's device.
 
