@@ -9,5 +9,5 @@ out="${1:-docs/_build}"
 # the pages import the installed package, which the checkout's unbuilt dignn_kernels/ folder
 # would shadow after a plain `pip install .`.
 export TRITON_INTERPRET=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-sphinx-build -W --keep-going -b html docs "$out/html"
-sphinx-build -W -b doctest docs "$out/doctest"
+sphinx-build -W --keep-going -d "$out/doctrees" -b html docs "$out/html"
+sphinx-build -W -d "$out/doctrees" -b doctest docs "$out/doctest"
