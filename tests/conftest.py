@@ -19,6 +19,36 @@ if not torch.cuda.is_available():
 
 import dignn_kernels as dk  # noqa: E402
 
+# pytest-xdist (`pytest -n auto`, as in the README's test command) runs the tests in one
+# process per core. Each process gets its share of the cores for torch's intra-op threads: a
+# thread on a core that another worker keeps busy only waits in OpenMP's spinning barriers
+# (many times slower on small ops, see `one_thread`). The tests about threads set their own
+# counts.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    _cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _cores // _XDIST_WORKERS))
+
+# Tests that share an expensive module-scoped fixture run in one worker (`--dist loadgroup`),
+# so that it is built once, not once per worker: the CUDA emulator's C++ build, the one spawn
+# of four gloo ranks that computes every distributed case, the single-process cornell5 run
+# the torchrun tests compare with. The tests that start torch.distributed rendezvous on
+# localhost ports (the others carry xdist_group("rendezvous") in their files) share one
+# worker, so that no two of them pick the same free port at once.
+XDIST_GROUP_OF_FIXTURE = {"emu": "cuda_emulation_build", "compared": "rendezvous",
+                          "cornell5_single": "rendezvous"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in XDIST_GROUP_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 GRAPH_KINDS = ["symmetric", "directed", "weighted", "isolated", "self_loops", "duplicates",
                "zero_rows", "single_node", "empty", "batch"]
 LAPLACIANS = ["neural", "rw", "unnormalized", "sym"]

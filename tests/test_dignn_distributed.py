@@ -430,6 +430,7 @@ def _free_port():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("rendezvous")  # a localhost port (tests/conftest.py)
 @pytest.mark.parametrize("mode", ["dead", "silent"])
 def test_a_failed_rank_stops_the_others_within_the_timeout(tmp_path, mode):
     """Two ranks started by hand (no torchrun agent to kill the survivor): rank 1 exits, or

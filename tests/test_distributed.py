@@ -125,6 +125,7 @@ def test_matches_single_process(compared, key):
         assert per_rank[0]["iterations"][0] < case["max_iter"]  # stopped on the global test
 
 
+@pytest.mark.xdist_group("rendezvous")  # a localhost port (tests/conftest.py)
 @pytest.mark.parametrize("mode", ["dead", "silent"])
 def test_failed_peer_raises_within_timeout(tmp_path, mode):
     """Rank 1 exits (dead) or never joins the forward (silent): rank 0's forward raises a
