@@ -111,8 +111,8 @@ SHARE = _Number(float, 0, 1, low_open=True, high_open=True)
 # Each split trains a model: more than this is a typo (or an attempt to exhaust memory).
 MAX_SPLITS = 1000
 NUM_SPLITS = _Number(int, 1, MAX_SPLITS, why="each split trains a model")
-# A collective's wait: beyond about a year is no bound at all, and torch keeps it in int64
-# microseconds.
+# A collective's wait (seconds): beyond about a year it bounds nothing, and far beyond it
+# datetime.timedelta, which carries it to torch.distributed, overflows.
 MAX_TIMEOUT = 3.2e7
 TIMEOUT = _Number(float, 0, MAX_TIMEOUT, low_open=True, why="seconds")
 
