@@ -42,8 +42,9 @@ def test_readme_keeps_the_commands_ci_parses():
     assert marker in lines
     i = lines.index(marker)
     assert lines[i + 1].startswith("```")
-    assert lines[i + 2].startswith('pip install torch && pip install ".[test]" && pytest')
-    assert lines[i + 2].endswith("pytest -q tests")
+    # the test command (CI may add a flag to its pytest, e.g. -n auto)
+    assert lines[i + 2].startswith('pip install torch && pip install ".[test]" && pytest ')
+    assert lines[i + 2].endswith(" tests")
     assert lines[i + 3] == "```"
 
 
