@@ -28,6 +28,23 @@ def load_facebook100(name: str):
     return edge_index, adj.shape[0]
 
 
+def reference_step(layer, xr, edge_index, max_iter: int):
+    """One training step of the reference algorithm (:mod:`dignn_kernels.reference`, the
+    paper's, with ``layer``'s weights and mu; ``max_iter`` iterations, tol = 0) on the leaf
+    ``xr``: forward, the backward of sum(z^2), the gradients cleared."""
+    from dignn_kernels import reference
+    th = dict(theta_chi=layer.theta_chi.weight, theta_phi=layer.theta_phi.weight,
+              theta_varphi=layer.theta_varphi.weight)
+
+    def step():
+        z = reference.reference_implicit_diffusion(xr, edge_index, mu=layer.mu,
+                                                   max_iter=max_iter, tol=0.0, **th)
+        z.square().sum().backward()
+        xr.grad = None
+        layer.zero_grad(set_to_none=True)
+    return step
+
+
 @contextlib.contextmanager
 def without(backend: str, part: str, enabled: bool = True):
     """While the block runs (if ``enabled``), backend ``backend`` without its optional

@@ -29,8 +29,7 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import reference
-from conftest import PeakMemory, load_facebook100, solvers_loop
+from conftest import PeakMemory, load_facebook100, reference_step, solvers_loop
 
 CHANNELS = 64
 ITERS = 10
@@ -52,15 +51,7 @@ def cornell5():
 def _step_fn(variant, edge_index, x, layer):
     xr = x.clone().requires_grad_()
     if variant == "reference":
-        th = dict(theta_chi=layer.theta_chi.weight, theta_phi=layer.theta_phi.weight,
-                  theta_varphi=layer.theta_varphi.weight)
-
-        def step():
-            z = reference.reference_implicit_diffusion(xr, edge_index, mu=layer.mu,
-                                                       max_iter=ITERS, tol=0.0, **th)
-            z.square().sum().backward()
-            xr.grad = None
-        return step
+        return reference_step(layer, xr, edge_index, ITERS)
     layer.backend = "torch" if variant == "composed" else "cpu"
     layer.storage_dtype = STORAGE[variant]
     def step():

@@ -63,8 +63,9 @@ import pytest
 import torch
 
 import dignn_kernels as dk
-from dignn_kernels import reference, synthetic
-from conftest import load_facebook100, solvers_loop, state_goals, summary, without
+from dignn_kernels import synthetic
+from conftest import (load_facebook100, reference_step, solvers_loop, state_goals, summary,
+                      without)
 from kernel_times import GOAL_ROLES, ROLES, profile_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -130,16 +131,7 @@ def make_layer():
 def make_step(variant, ei, x, layer):
     xr = x.clone().requires_grad_()
     if variant == "reference":
-        th = dict(theta_chi=layer.theta_chi.weight, theta_phi=layer.theta_phi.weight,
-                  theta_varphi=layer.theta_varphi.weight)
-
-        def step():
-            z = reference.reference_implicit_diffusion(xr, ei, mu=layer.mu, max_iter=ITERS,
-                                                       tol=0.0, **th)
-            z.square().sum().backward()
-            xr.grad = None
-            layer.zero_grad(set_to_none=True)
-        return step
+        return reference_step(layer, xr, ei, ITERS)
     layer.backend = variant
 
     def step():

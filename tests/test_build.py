@@ -91,6 +91,14 @@ def test_build_info_matches_this_torch():
         assert _build_info.WITH_CUDA is False
 
 
+def test_cuda_backend_asks_the_dispatcher_whether_it_was_built():
+    """The CUDA backend's availability reads the ops' registrations (no import of the build
+    record from the package above the backends): they agree."""
+    from dignn_kernels import _build_info
+    from dignn_kernels.backends import compiled
+    assert compiled._cuda_built() == bool(_build_info.WITH_CUDA)
+
+
 def test_ci_runs_the_readme_test_command():
     """.ci/run extracts the line after README's test-command marker; check that what it
     extracts is the documented command."""

@@ -397,8 +397,8 @@ def emulated_cpu_backend(emu, monkeypatch):
     monkeypatch.setattr(ops, "_ops", emu)
     monkeypatch.setattr(checks, "_CHECK_OP", emu.check_graph)
     monkeypatch.setitem(dk.backends._REGISTRY, "cpu", dataclasses.replace(
-        get_backend("cpu"), neural_edge_weights=emu.neural_edge_weights, row_pass=emu.csr_fma,
-        gradient_pass=emu.neural_weight_grad,
+        get_backend("cpu"), neural_edge_weights=emu.neural_edge_weights, csr_fma=emu.csr_fma,
+        neural_weight_grad=emu.neural_weight_grad,
         fused_solve=FusedSolve(emu.implicit_diffusion, emu.implicit_diffusion_backward,
                                storage_dtypes=STORAGE_DTYPES)))
     return face("cpu")

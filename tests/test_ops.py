@@ -5,6 +5,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.solvers import implicit_diffusion
+from backend_faces import graph_inputs
 from conftest import make_graph, rel_err, run_per_instruction_set, wide_range_projections
 from gpu_op_cases import (ROW_PRODUCT_CASES, check_row_product, check_row_product_errors,
                           check_row_product_of_nothing, check_scheduled_row_pass,
@@ -14,17 +15,6 @@ OPS = ["neural_edge_weights", "neural_edge_weights_backward", "diffusion_step", 
        "csr_schedule", "row_product", "neural_weight_grad", "implicit_diffusion",
        "implicit_diffusion_backward", "anderson_record"]
 FUSED_SOLVE = {"implicit_diffusion", "implicit_diffusion_backward"}  # no Python face
-
-
-def graph_inputs(kind="symmetric", n=20, d=5, h=4, dtype=torch.float64, seed=0):
-    x, ei, w = make_graph(kind, n=n, d=d, dtype=dtype, seed=seed)
-    g = dk.build_graph(ei, x.size(0), w)
-    gen = torch.Generator().manual_seed(seed + 1)
-    p = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
-    q = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
-    a, deg = g.values(dtype)
-    chi = deg * torch.tanh(p.norm(dim=1))
-    return g, x, p, q, a, chi
 
 
 def paper_edge_weights(g, a, p, q, eps):
@@ -136,9 +126,7 @@ def test_neural_edge_weights_gradcheck(kind):
 
 @pytest.mark.parametrize("kind", ["symmetric", "directed", "zero_rows", "isolated"])
 def test_steps_match_dense(kind):
-    g, x, p, q, a, chi = graph_inputs(kind)
-    if kind == "zero_rows":
-        chi[::5] = 0.0
+    g, x, p, q, a, chi = graph_inputs(kind)  # zero_rows: every fifth row guarded
     mu = 2.2
     z = torch.randn_like(x)
     w, kappa = ops.neural_edge_weights(g.rowptr, g.col, a, p, q)

@@ -372,7 +372,7 @@ def test_fixed_point_on_a_row_step_equals_the_plain_loop(case):
     wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
     t = g.transposed() or (None, None, None)
     stepped = dataclasses.replace(CPU, fused_solve=None,
-                                  row_step=composed_row_step(CPU.row_pass))
+                                  row_step=composed_row_step(CPU.csr_fma))
     systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu,
                                          t_rowptr=t[0], t_col=t[1], t_perm=t[2])
                for backend in (CPU, stepped)]
@@ -432,7 +432,7 @@ def test_cg_on_a_row_product_equals_cg_on_the_row_pass(case):
     else:
         wf, chi, kappa = g.fixed_laplacian(laplacian, x.dtype)
     with_product = dataclasses.replace(CPU, fused_solve=None,
-                                       row_product=composed_row_product(CPU.row_pass))
+                                       row_product=composed_row_product(CPU.csr_fma))
     systems = [solvers.EquilibriumSystem(backend, g.rowptr, g.col, wf, chi, kappa, mu)
                for backend in (CPU, with_product)]
     assert systems[0].spd_product() is None and systems[1].spd_product() is not None
@@ -460,8 +460,8 @@ def test_solves_read_nothing_on_the_host_between_checks(solver):
     g = dk.build_graph(ei, x.size(0), w)
     wf, chi, kappa = g.fixed_laplacian("rw", x.dtype)
     stepped = dataclasses.replace(CPU, fused_solve=None,
-                                  row_step=composed_row_step(CPU.row_pass),
-                                  row_product=composed_row_product(CPU.row_pass))
+                                  row_step=composed_row_step(CPU.csr_fma),
+                                  row_product=composed_row_product(CPU.csr_fma))
     backends = [CPU] + ([stepped] if solver != "anderson" else [])
     quiet = 16 if solver == "fixed_point" else 4
     for backend in backends:

@@ -132,12 +132,12 @@ def _spy_backend(monkeypatch, name):
     backend = backends.get_backend(name)
 
     def row_pass(rowptr, col, w, y, b, cy, rs):
-        out = backend.row_pass(rowptr, col, w, y, b, cy, rs)
+        out = backend.csr_fma(rowptr, col, w, y, b, cy, rs)
         seen.append((y.dtype, b.dtype, w.dtype, out.dtype))
         return out
 
     monkeypatch.setitem(backends._REGISTRY, name,
-                        dataclasses.replace(backend, row_pass=row_pass, fused_solve=None))
+                        dataclasses.replace(backend, csr_fma=row_pass, fused_solve=None))
     return seen
 
 

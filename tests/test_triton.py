@@ -21,7 +21,7 @@ import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.backends import interface as iface, triton as tb
 from dignn_kernels.solvers import loops
-from backend_faces import face
+from backend_faces import face, graph_inputs as shared_graph_inputs
 from conftest import (HostReads, make_graph, make_layer, rel_err, thetas,
                       wide_range_projections)
 
@@ -49,35 +49,9 @@ def chunk(request, monkeypatch):
     return value
 
 
-def hub_graph(n=80, seed=0):
-    """A symmetric graph whose node 0 is joined to nodes 1 .. n - 4 (degree 76 for n = 80,
-    more than the default SEGMENT_EDGES), plus a sparse random part; the last 3 nodes are
-    isolated."""
-    g = torch.Generator().manual_seed(seed)
-    others = torch.arange(1, n - 3)
-    e = torch.randint(1, n - 3, (2, n), generator=g)
-    e = e[:, e[0] != e[1]]
-    star = torch.stack([torch.zeros_like(others), others])
-    ei = torch.cat([star, e], dim=1)
-    return torch.cat([ei, ei.flip(0)], dim=1)
-
-
 def graph_inputs(kind, n=20, d=5, h=3, dtype=torch.float64, seed=0):
-    """(graph, x, p, q, a, chi) on the CPU; kinds of conftest.make_graph plus 'hub'."""
-    if kind == "hub":
-        ei, w = hub_graph(n, seed), None
-        x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    else:
-        x, ei, w = make_graph(kind, n=n, d=d, dtype=dtype, seed=seed)
-    g = dk.build_graph(ei, x.size(0), w)
-    gen = torch.Generator().manual_seed(seed + 1)
-    p = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
-    q = 0.5 * torch.randn(x.size(0), h, generator=gen, dtype=dtype)
-    a, deg = g.values(dtype)
-    chi = deg * torch.tanh(p.norm(dim=1))
-    if kind == "zero_rows":
-        chi[::5] = 0.0  # the guard
-    return g, x, p, q, a, chi
+    """backend_faces.graph_inputs with h = 3 metric channels by default."""
+    return shared_graph_inputs(kind, n=n, d=d, h=h, dtype=dtype, seed=seed)
 
 
 def to(device, *tensors):
@@ -461,6 +435,46 @@ def system_on(backends, device, kind, laplacian, mu):
                for backend in backends]
 
 
+@pytest.mark.parametrize("solver", ["cg", "anderson"])
+def test_a_solve_runs_its_backends_vector_kernels(monkeypatch, solver):
+    """The vector work of a solve (cg's update, Anderson's window) runs on the kernels its
+    backend names (Backend.vector_kernels): backend="torch" and "cuda" never Triton's, even
+    where Triton runs; "cpu" leaves the choice to the device (its compiled record)."""
+    from dignn_kernels.solvers import anderson_update, cg_update
+    chosen, real = [], cg_update.resolve_vector_kernels
+
+    def spy(rhs, vector_kernels=None):
+        chosen.append(vector_kernels)
+        return real(rhs, vector_kernels)
+
+    for module in (cg_update, anderson_update):  # where cg's and anderson's updates read it
+        monkeypatch.setattr(module, "resolve_vector_kernels", spy)
+    registry = dk.backends._REGISTRY
+    names = ["cpu", "torch", "cuda"] + (["triton"] if tb.available("cpu") else [])
+    x, systems = system_on([registry[name] for name in names], "cpu", "symmetric", "rw", 2.2)
+    for name, system in zip(names, systems):
+        chosen.clear()
+        dk.solvers.solve_forward(system, x, solver, max_iter=3, tol=0.0, check_every=0)
+        want = {"cpu": None, "torch": "torch", "cuda": "torch", "triton": "triton"}[name]
+        assert registry[name].vector_kernels == want and chosen == [want], (name, chosen)
+
+
+def test_the_plain_pass_reduces_nothing(device):
+    """The row pass outside a solve's step or product (the csr_fma op, the row map) compiles
+    its partial sums and done flag out (SUMS_NONE): no buffer comes back, and the output is
+    the step's, bit for bit."""
+    jit = tb._jit()
+    g, x, p, q, a, chi = graph_inputs("hub", n=80, d=5, dtype=torch.float32)
+    rp, cl, w, y, b = to(device, g.rowptr, g.col, a, x.flip(0).contiguous(), x)
+    cy, rs = to(device, -chi, 0.1 * chi)
+    sched = tb.schedule_for(rp, cl.numel())
+    plain, step = torch.empty_like(y), torch.empty_like(y)
+    assert jit.csr_fma(sched, cl, w, y, b, cy, rs, plain) is None
+    done = torch.zeros(1, dtype=torch.float64, device=y.device)
+    sums = jit.csr_fma(sched, cl, w, y, b, cy, rs, step, done=done, sums=jit.SUMS_NORMS)
+    assert sums is not None and sched.num_heavy and torch.equal(plain, step)
+
+
 # (solver, the sweep it would take instead of the row map: off in both variants)
 ROW_MAP_SOLVERS = [("anderson", ()), ("fixed_point", ("row_step",)), ("cg", ("row_product",))]
 ROW_MAP_GRAPHS = [("symmetric", "rw"), ("directed", "neural"), ("zero_rows", "sym")]
@@ -571,9 +585,10 @@ def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
     jit = tb._jit()
     monkeypatch.setattr(tb, "_require_device", lambda t: None)  # CPU tensors, nothing runs
 
-    def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
+    def csr_fma(sched, col, w, y, b, cy, rs, out, done=None, c=None, sums=jit.SUMS_NONE):
         torch.add(y, 0 if b is None else b, out=out)  # anderson's y -> y + x never converges
-        return y.new_ones(4, y.shape[1]) if dots else y.new_zeros(12, dtype=torch.float64)
+        return {jit.SUMS_NONE: None, jit.SUMS_DOTS: y.new_ones(4, y.shape[1]),
+                jit.SUMS_NORMS: y.new_zeros(12, dtype=torch.float64)}[sums]
 
     monkeypatch.setattr(jit, "csr_fma", csr_fma)
     monkeypatch.setattr(jit, "fixed_point_update", lambda sums, state, history, k: None)

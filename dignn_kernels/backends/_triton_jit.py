@@ -76,6 +76,11 @@ MAX_BLOCK_D = 128  # widest channel tile of the step kernels
 MAX_BLOCK_H = 64  # widest tile of the metric channels (p, q) and of the gradient outputs
 MAX_BLOCK_G = 64  # channel piece of the G_ij = v . (z_j - z_i) reductions
 
+# The partial sums a row pass writes besides its output (csr_fma's `sums`, the kernels' SUMS):
+# none (the plain pass and the row map), the fixed point's norms (the row step), cg's dots
+# out.y (the row product).
+SUMS_NONE, SUMS_NORMS, SUMS_DOTS = 0, 1, 2
+
 
 def _pow2(n: int, cap: int) -> int:
     return max(1, min(triton.next_power_of_2(max(int(n), 1)), cap))
@@ -124,6 +129,15 @@ def _sqrt(x, F64: tl.constexpr):
 
 
 @triton.jit
+def _pair_offsets(row_i, row_j, mask, first, width, BLOCK: tl.constexpr):
+    """Channels [first, first + BLOCK) of rows i and j of a row-major [*, width] matrix, for a
+    vector of edges: (mask, offsets of row i, offsets of row j)."""
+    cols = first + tl.arange(0, BLOCK)
+    m2 = mask[:, None] & (cols < width)[None, :]
+    return m2, row_i[:, None] * width + cols[None, :], row_j[:, None] * width + cols[None, :]
+
+
+@triton.jit
 def _pi_rho(p, q, row_i, row_j, mask, H, ACC: tl.constexpr, BLOCK_H: tl.constexpr,
             NUM_H_BLOCKS: tl.constexpr, F64: tl.constexpr):
     """pi_ij = p_i . p_j and rho_ij = ||q_i - q_j|| (eq. 13, 14) for a vector of edges, in
@@ -131,10 +145,7 @@ def _pi_rho(p, q, row_i, row_j, mask, H, ACC: tl.constexpr, BLOCK_H: tl.constexp
     pi = tl.zeros(row_i.shape, dtype=ACC)
     rho2 = tl.zeros(row_i.shape, dtype=ACC)
     for hb in tl.static_range(NUM_H_BLOCKS):
-        hc = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        m2 = mask[:, None] & (hc < H)[None, :]
-        off_i = row_i[:, None] * H + hc[None, :]
-        off_j = row_j[:, None] * H + hc[None, :]
+        m2, off_i, off_j = _pair_offsets(row_i, row_j, mask, hb * BLOCK_H, H, BLOCK_H)
         pi += tl.sum(tl.load(p + off_i, mask=m2, other=0.0).to(ACC) *
                      tl.load(p + off_j, mask=m2, other=0.0).to(ACC), axis=1)
         dq = tl.load(q + off_i, mask=m2, other=0.0).to(ACC) - \
@@ -172,14 +183,21 @@ def _pi_rho_tile(p_i, q_i, p_j, q_j, F64: tl.constexpr):
 
 
 @triton.jit
+def _program_entries(entry_row, num_entries, pid, ROWS: tl.constexpr):
+    """The ROWS entries (segments, heavy rows) of program `pid`: (entry index, row, valid);
+    padding entries (row -1) and those past the end are invalid."""
+    entries = pid * ROWS + tl.arange(0, ROWS)
+    in_range = entries < num_entries
+    row = tl.load(entry_row + entries, mask=in_range, other=-1)
+    return entries, row, in_range & (row >= 0)
+
+
+@triton.jit
 def _load_segments(seg_row, seg_start, seg_len, seg_slot, num_segs, pid, done,
                 ROWS: tl.constexpr):
     """The ROWS segments of program `pid`: (row, first edge, length, slot, valid). Once the
     solve has converged (`done`) the lengths are 0: the step gathers nothing."""
-    segments = pid * ROWS + tl.arange(0, ROWS)
-    in_range = segments < num_segs
-    row = tl.load(seg_row + segments, mask=in_range, other=-1)
-    valid = in_range & (row >= 0)
+    segments, row, valid = _program_entries(seg_row, num_segs, pid, ROWS)
     start = tl.load(seg_start + segments, mask=valid, other=0)
     length = tl.load(seg_len + segments, mask=valid, other=0)
     length = tl.where(done != 0, 0, length)
@@ -188,13 +206,21 @@ def _load_segments(seg_row, seg_start, seg_len, seg_slot, num_segs, pid, done,
 
 
 @triton.jit
+def _load_edge(col, a, start, length, e):
+    """Edge e of each segment: (mask, edge index k, neighbour j as int64, a_k); the masked
+    segments (shorter than e + 1 edges) read j = 0 and a_k = 0."""
+    emask = e < length
+    k = start + e
+    j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
+    a_k = tl.load(a + k, mask=emask, other=0.0)
+    return emask, k, j, a_k
+
+
+@triton.jit
 def _load_heavy_rows(heavy_row, heavy_first, heavy_count, num_heavy, pid, ROWS: tl.constexpr):
     """The ROWS heavy rows of program pid: (row, valid, first slot, slot count); padding and
     out-of-range entries are invalid with no slots."""
-    rows_here = pid * ROWS + tl.arange(0, ROWS)
-    in_range = rows_here < num_heavy
-    row = tl.load(heavy_row + rows_here, mask=in_range, other=-1)
-    valid = in_range & (row >= 0)
+    rows_here, row, valid = _program_entries(heavy_row, num_heavy, pid, ROWS)
     first = tl.load(heavy_first + rows_here, mask=valid, other=0)
     count = tl.load(heavy_count + rows_here, mask=valid, other=0)
     return row, valid, first, count
@@ -229,13 +255,12 @@ def _store_product(o, y_i, out, off, m2, done):
 
 @triton.jit
 def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, c, out, done, D,
-                   HAS_RS: tl.constexpr, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
-                   DOTS: tl.constexpr):
+                   HAS_C: tl.constexpr, HAS_B: tl.constexpr, SUMS: tl.constexpr):
     """out_i = b_i + cy_i y_i + rs_i (W y)_i for whole rows (eq. iter, row form
-    z_i <- x_i + cy_i z_i + ca_i (W Z)_i; b = 0 without HAS_B), nothing once done; returns
-    the tile's partial sums: with DOTS its per-channel sums of out_i * y_i
-    (:func:`_store_product`), else those of :func:`_store_step` (c: the per-row weights, 0
-    without HAS_C)."""
+    z_i <- x_i + cy_i z_i + rs_i (W Z)_i; b = 0 without HAS_B), nothing once done; returns
+    the tile's partial sums as SUMS says: SUMS_DOTS its per-channel sums of out_i * y_i
+    (:func:`_store_product`), SUMS_NORMS those of :func:`_store_step` (c: the per-row
+    weights, 0 without HAS_C), SUMS_NONE none (the plain pass: nothing reduced)."""
     r64 = row.to(tl.int64)
     off = r64[:, None] * D + cols[None, :]
     live = rmask & (done == 0)
@@ -245,11 +270,11 @@ def _step_epilogue(acc, row, rmask, cols, cmask, y, b, cy, rs, c, out, done, D,
     o = cy_i[:, None] * y_i
     if HAS_B:
         o = tl.load(b + off, mask=m2, other=0.0).to(cy.dtype.element_ty) + o
-    if HAS_RS:
-        o = o + tl.load(rs + r64, mask=live, other=0.0)[:, None] * acc
-    else:
-        o = o + acc
-    if DOTS:
+    o = o + tl.load(rs + r64, mask=live, other=0.0)[:, None] * acc
+    if SUMS == 0:  # SUMS_NONE (the constexpr values of SUMS_*)
+        tl.store(out + off, _storage_value(o, out), mask=m2)
+        return 0.0
+    elif SUMS == 2:
         return _store_product(o, y_i, out, off, m2, done)
     else:
         if HAS_C:
@@ -277,13 +302,14 @@ def _store_norms(part, index, diff_sq, out_sq, weighted_sq):
 
 
 @triton.jit
-def _store_sums(part, pid, pid_d, cols, cmask, D, sums, DOTS: tl.constexpr):
-    """The row program `pid`'s partial sums (of channel tile pid_d): with DOTS its
+def _store_sums(part, pid, pid_d, cols, cmask, D, sums, SUMS: tl.constexpr):
+    """The row program `pid`'s partial sums (of channel tile pid_d): SUMS_DOTS its
     per-channel sums out.y, row `pid` of a [programs, D] table in the compute dtype;
-    else its ROW_STEP_SUMS norms (:func:`_store_norms`) at index pid * tiles + pid_d."""
-    if DOTS:
+    SUMS_NORMS its ROW_STEP_SUMS norms (:func:`_store_norms`) at index pid * tiles + pid_d;
+    SUMS_NONE nothing."""
+    if SUMS == 2:
         tl.store(part + pid.to(tl.int64) * D + cols, sums, mask=cmask)
-    else:
+    elif SUMS == 1:
         diff_sq, out_sq, weighted_sq = sums
         _store_norms(part, pid * tl.num_programs(1) + pid_d, diff_sq, out_sq, weighted_sq)
 
@@ -292,16 +318,18 @@ def _store_sums(part, pid, pid_d, cols, cmask, D, sums, DOTS: tl.constexpr):
 
 @triton.jit
 def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, b, cy,
-                    rs, c, out, scratch, part, done_ptr, D, HAS_RS: tl.constexpr,
-                    HAS_C: tl.constexpr, HAS_B: tl.constexpr, DOTS: tl.constexpr,
+                    rs, c, out, scratch, part, done_ptr, D, HAS_C: tl.constexpr,
+                    HAS_B: tl.constexpr, HAS_DONE: tl.constexpr, SUMS: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """The generic row pass out = b + cy.y + rs.(W y) (laplacian_math.h, forward step with
-    b = x, cy = -kappa ca, rs = ca, W; adjoint step u <- g + cy.u + W^T (ca.u) with the
-    transposed CSR, weights W_ij ca_i and no rs). Whole-row segments finish their rows; segments of
-    heavy rows leave (W y) partial sums in `scratch` for :func:`_csr_fma_combine_kernel`."""
+    b = x, cy = -kappa rs, rs = 1/(mu chi), W; adjoint step u <- g + cy.u + W^T (rs.u) with
+    the transposed CSR, weights W_ij rs_i and rs = 1). Whole-row segments finish their rows;
+    segments of heavy rows leave (W y) partial sums in `scratch` for
+    :func:`_csr_fma_combine_kernel`. Without HAS_DONE the pass always runs (no flag read);
+    SUMS picks the partial sums it writes to `part` (:func:`_step_epilogue`)."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
-    done = _load_done(done_ptr)
+    done = _load_done(done_ptr) if HAS_DONE else 0
     row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
                                                    num_segs, pid, done, ROWS)
     cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -324,9 +352,9 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
         acc += w0[:, None] * y0
         acc += w1[:, None] * y1
     whole = valid & (slot < 0)
-    sums = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_RS,
-                          HAS_C, HAS_B, DOTS)
-    _store_sums(part, pid, pid_d, cols, cmask, D, sums, DOTS)
+    sums = _step_epilogue(acc, row, whole, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_C,
+                          HAS_B, SUMS)
+    _store_sums(part, pid, pid_d, cols, cmask, D, sums, SUMS)
     partial = valid & (slot >= 0) & (done == 0)
     tl.store(scratch + slot.to(tl.int64)[:, None] * D + cols[None, :], acc,
              mask=partial[:, None] & cmask[None, :])
@@ -335,13 +363,13 @@ def _csr_fma_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, w, y, 
 @triton.jit
 def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b, cy, rs, c,
                             out, scratch, part, part_offset, done_ptr, D,
-                            HAS_RS: tl.constexpr, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
-                            DOTS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                            HAS_C: tl.constexpr, HAS_B: tl.constexpr, HAS_DONE: tl.constexpr,
+                            SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows longer than one segment: (W y)_i = sum of the row's scratch slots in slot order,
     then the same epilogue as :func:`_csr_fma_kernel`."""
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
-    done = _load_done(done_ptr)
+    done = _load_done(done_ptr) if HAS_DONE else 0
     row, valid, first, count = _load_heavy_rows(heavy_row, heavy_first, heavy_count,
                                                 num_heavy, pid, ROWS)
     count = tl.where(done != 0, 0, count)
@@ -352,24 +380,25 @@ def _csr_fma_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, y, b
         smask = s < count
         acc += tl.load(scratch + (first + s).to(tl.int64)[:, None] * D + cols[None, :],
                        mask=smask[:, None] & cmask[None, :], other=0.0)
-    sums = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_RS,
-                          HAS_C, HAS_B, DOTS)
-    _store_sums(part, part_offset + pid, pid_d, cols, cmask, D, sums, DOTS)
+    sums = _step_epilogue(acc, row, valid, cols, cmask, y, b, cy, rs, c, out, done, D, HAS_C,
+                          HAS_B, SUMS)
+    _store_sums(part, part_offset + pid, pid_d, cols, cmask, D, sums, SUMS)
 
 
 # ------------------------------------------------------------ the neural weights --
 
 @triton.jit
-def _neural_weights_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, p, q,
-                           consts, w_out, kappa_out, scratch_kappa, H, ROWS: tl.constexpr,
-                           BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
-                           TANH_SMALL: tl.constexpr, F64: tl.constexpr):
+def _neural_edge_weights_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, p,
+                                q, consts, w_out, kappa_out, scratch_kappa, H,
+                                ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+                                NUM_H_BLOCKS: tl.constexpr, TANH_SMALL: tl.constexpr,
+                                F64: tl.constexpr):
     """The neural edge weights: per edge W_ij = a_ij tanh(1/(rho_ij + eps)) tanh(|pi_ij|)
     (eq. 13-14, laplacian_math.h neural_edge_weight), with kappa_i = sum_j W_ij; segments of
     heavy rows leave their kappa partial sums in `scratch_kappa` for
-    :func:`_neural_weights_combine_kernel`. consts = [1/mu (unused), eps] in the data dtype."""
+    :func:`_neural_edge_weights_combine_kernel`. consts = [eps] in the data dtype."""
     pid = tl.program_id(0)
-    eps = tl.load(consts + 1)
+    eps = tl.load(consts)
     row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
                                                    num_segs, pid, 0, ROWS)
     row64 = row.to(tl.int64)
@@ -379,10 +408,7 @@ def _neural_weights_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col,
         p_i = _load_tile(p, row64, valid, hc, H, a.dtype.element_ty)
         q_i = _load_tile(q, row64, valid, hc, H, a.dtype.element_ty)
     for e in range(0, tl.max(length, axis=0)):
-        emask = e < length
-        k = start + e
-        j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
-        a_k = tl.load(a + k, mask=emask, other=0.0)
+        emask, k, j, a_k = _load_edge(col, a, start, length, e)
         if NUM_H_BLOCKS == 1:
             pi, rho = _pi_rho_tile(p_i, q_i, _load_tile(p, j, emask, hc, H, a.dtype.element_ty),
                                    _load_tile(q, j, emask, hc, H, a.dtype.element_ty), F64)
@@ -399,8 +425,8 @@ def _neural_weights_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col,
 
 
 @triton.jit
-def _neural_weights_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, kappa_out,
-                                   scratch_kappa, ROWS: tl.constexpr):
+def _neural_edge_weights_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy,
+                                        kappa_out, scratch_kappa, ROWS: tl.constexpr):
     """kappa_i of rows longer than one segment: the sum of the row's scratch slots in slot
     order."""
     pid = tl.program_id(0)
@@ -428,10 +454,7 @@ def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, ACC: tl.constexp
     v_i . (z_j - z_i), and G_ij + G_ji on symmetric graphs), in the dtype ACC."""
     g = tl.zeros(row_i.shape, dtype=ACC)
     for cb in tl.static_range(NUM_G_BLOCKS):
-        c = cb * BLOCK_G + tl.arange(0, BLOCK_G)
-        m2 = mask[:, None] & (c < D)[None, :]
-        off_i = row_i[:, None] * D + c[None, :]
-        off_j = row_j[:, None] * D + c[None, :]
+        m2, off_i, off_j = _pair_offsets(row_i, row_j, mask, cb * BLOCK_G, D, BLOCK_G)
         dz = tl.load(z + off_j, mask=m2, other=0.0).to(ACC) - \
             tl.load(z + off_i, mask=m2, other=0.0).to(ACC)
         if MODE == 0:
@@ -446,12 +469,13 @@ def _edge_grad(v, z, row_i, row_j, mask, D, MODE: tl.constexpr, ACC: tl.constexp
 
 
 @triton.jit
-def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, gw, p, q,
-                        z, v, consts, grad_p, grad_q, scratch_p, scratch_q, D, H,
-                        MODE: tl.constexpr, ACCUMULATE: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK_H: tl.constexpr, NUM_H_BLOCKS: tl.constexpr,
-                        BLOCK_G: tl.constexpr, NUM_G_BLOCKS: tl.constexpr,
-                        TANH_SMALL: tl.constexpr, F64: tl.constexpr):
+def _neural_weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a, gw, p,
+                               q, z, v, consts, grad_p, grad_q, scratch_p, scratch_q, D, H,
+                               MODE: tl.constexpr, ACCUMULATE: tl.constexpr,
+                               ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+                               NUM_H_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
+                               NUM_G_BLOCKS: tl.constexpr, TANH_SMALL: tl.constexpr,
+                               F64: tl.constexpr):
     """The fused gradient pass (laplacian_math.h, backward): per edge of the walked CSR,
     G from the adjoint v and the equilibrium z (or given), the partials of
     neural_edge_weight_partials, cp = G dW/dpi and cq = G dW/drho / rho (0 at rho = 0), and
@@ -460,7 +484,7 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
     graph). The output tile is channels [pid_1 BLOCK_H, +BLOCK_H) of p and q."""
     pid = tl.program_id(0)
     pid_h = tl.program_id(1)
-    eps = tl.load(consts + 1)
+    eps = tl.load(consts)
     row, start, length, slot, valid = _load_segments(seg_row, seg_start, seg_len, seg_slot,
                                                    num_segs, pid, 0, ROWS)
     row64 = row.to(tl.int64)
@@ -480,10 +504,7 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
         if MODE <= 2:
             z_i = _load_tile(z, row64, valid, gc, D, grad_p.dtype.element_ty)
     for e in range(0, tl.max(length, axis=0)):
-        emask = e < length
-        k = start + e
-        j = tl.load(col + k, mask=emask, other=0).to(tl.int64)
-        a_k = tl.load(a + k, mask=emask, other=0.0)
+        emask, k, j, a_k = _load_edge(col, a, start, length, e)
         if MODE == 3:
             g = tl.load(gw + k, mask=emask, other=0.0)
         elif NUM_G_BLOCKS == 1:
@@ -539,9 +560,10 @@ def _weight_grad_kernel(seg_row, seg_start, seg_len, seg_slot, num_segs, col, a,
 
 
 @triton.jit
-def _weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, grad_p, grad_q,
-                                scratch_p, scratch_q, H, ACCUMULATE: tl.constexpr,
-                                ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _neural_weight_grad_combine_kernel(heavy_row, heavy_first, heavy_count, num_heavy, grad_p,
+                                       grad_q, scratch_p, scratch_q, H,
+                                       ACCUMULATE: tl.constexpr, ROWS: tl.constexpr,
+                                       BLOCK_H: tl.constexpr):
     """Rows longer than one segment of the gradient pass: their slots summed in slot order."""
     pid = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -611,11 +633,13 @@ def _fixed_point_update_kernel(sums, state, history, k):
 # ---------------------------------------------------------------------- launchers --
 # All tensors contiguous and on one device; `sched` is a Schedule of the CSR walked.
 
-def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
-    """out = b + cy.y + rs.(W y) (b None: 0; rs None: 1) unless `done` is set; returns the
-    per-program partial sums of the step as stored: ROW_STEP_SUMS each (the weighted one with
-    per-row weights c, 0 for c None), or with `dots` a [programs, d] table of the per-channel
-    sums out.y (in cy's dtype; its column sums are cg's delta = w.u for w = A u)."""
+def csr_fma(sched, col, w, y, b, cy, rs, out, done=None, c=None, sums=SUMS_NONE):
+    """out = b + cy.y + rs.(W y) (b None: 0) unless the flag `done` is set (None: never).
+    Returns the per-program partial sums of the output as stored that `sums` asks for:
+    SUMS_NORMS, ROW_STEP_SUMS float64 each (the weighted one with per-row weights c, 0 for c
+    None); SUMS_DOTS, a [programs, d] table of the per-channel sums out.y (in cy's dtype; its
+    column sums are cg's delta = w.u for w = A u); SUMS_NONE (the plain pass), None: the
+    kernels then reduce nothing and no buffer is made for them."""
     n, d = y.shape
     block_d = _pow2(d, MAX_BLOCK_D)
     rows = max(4, min(64, 2048 // block_d))
@@ -624,23 +648,27 @@ def csr_fma(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
     grid = (triton.cdiv(sched.num_segments, rows), tiles_d)
     grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_d)
     programs = grid[0] + (grid_c[0] if sched.num_heavy else 0)
-    if dots:
+    part = None
+    if sums == SUMS_DOTS:
         part = cy.new_empty(programs, d)
-    else:
+    elif sums == SUMS_NORMS:
         part = y.new_empty(ROW_STEP_SUMS * programs * tiles_d, dtype=torch.float64)
-    scratch = cy.new_empty(max(sched.num_slots, 1), d)  # partial sums: the compute dtype
-    has_rs, has_c, has_b = rs is not None, c is not None, b is not None
-    rs_arg = rs if has_rs else cy
-    c_arg = c if has_c else cy
-    b_arg = b if has_b else y
-    flags = dict(HAS_RS=has_rs, HAS_C=has_c, HAS_B=has_b, DOTS=bool(dots), ROWS=rows,
-                 BLOCK_D=block_d, num_warps=warps)
-    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b_arg, cy, rs_arg, c_arg, out,
-                          scratch, part, done, d, **flags)
+    # the heavy rows' partial sums, in the compute dtype (no slot is written without them)
+    scratch = cy.new_empty(sched.num_slots, d) if sched.num_heavy else cy
+    # Arguments a variant does not read are bound to a tensor of the right device (never
+    # read: their constexpr flags compile the reads out).
+    b_arg = b if b is not None else y
+    c_arg = c if c is not None else cy
+    done_arg = done if done is not None else cy
+    part_arg = part if part is not None else cy
+    flags = dict(HAS_C=c is not None, HAS_B=b is not None, HAS_DONE=done is not None,
+                 SUMS=sums, ROWS=rows, BLOCK_D=block_d, num_warps=warps)
+    _csr_fma_kernel[grid](*sched.segment_args(), col, w, y, b_arg, cy, rs, c_arg, out,
+                          scratch, part_arg, done_arg, d, **flags)
     if sched.num_heavy:
         _csr_fma_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first, sched.heavy_count,
-                                        sched.num_heavy, y, b_arg, cy, rs_arg, c_arg, out,
-                                        scratch, part, grid[0], done, d, **flags)
+                                        sched.num_heavy, y, b_arg, cy, rs, c_arg, out,
+                                        scratch, part_arg, grid[0], done_arg, d, **flags)
     return part
 
 
@@ -649,26 +677,26 @@ def fixed_point_update(sums, state, history, k):
     _fixed_point_update_kernel[(1,)](sums, state, history, k)
 
 
-def neural_weights(sched, col, a, p, q, consts, w_out, kappa_out):
-    """Writes the neural edge weights w_out and their row sums kappa_out (consts = [1/mu,
-    eps]; see the kernel)."""
+def neural_edge_weights(sched, col, a, p, q, consts, w_out, kappa_out):
+    """Writes the neural edge weights w_out and their row sums kappa_out (consts = [eps]; see
+    the kernel)."""
     h = p.shape[1]
     block_h = _pow2(h, MAX_BLOCK_H)
     rows = 16
     scratch_kappa = a.new_empty(max(sched.num_slots, 1))
-    _neural_weights_kernel[(triton.cdiv(sched.num_segments, rows),)](
+    _neural_edge_weights_kernel[(triton.cdiv(sched.num_segments, rows),)](
         *sched.segment_args(), col, a, p, q, consts, w_out, kappa_out, scratch_kappa, h,
         ROWS=rows, BLOCK_H=block_h, NUM_H_BLOCKS=triton.cdiv(h, block_h),
         TANH_SMALL=_TANH_SMALL[a.dtype], F64=a.dtype == torch.float64,
         num_warps=_warps(rows, block_h))
     if sched.num_heavy:
-        _neural_weights_combine_kernel[(triton.cdiv(sched.num_heavy, rows),)](
+        _neural_edge_weights_combine_kernel[(triton.cdiv(sched.num_heavy, rows),)](
             sched.heavy_row, sched.heavy_first, sched.heavy_count, sched.num_heavy, kappa_out,
             scratch_kappa, ROWS=rows, num_warps=_warps(rows, 1))
 
 
-def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z=None, v=None,
-                gw=None):
+def neural_weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z=None,
+                       v=None, gw=None):
     """One gradient pass over the CSR of `sched` (mode: GRAD_*), writing or (accumulate)
     adding dl/dp, dl/dq."""
     n, h = p.shape
@@ -684,18 +712,17 @@ def weight_grad(sched, col, a, p, q, consts, grad_p, grad_q, mode, accumulate, z
     z_arg = z if z is not None else p
     v_arg = v if v is not None else p
     gw_arg = gw if gw is not None else a
-    _weight_grad_kernel[grid](*sched.segment_args(), col, a, gw_arg, p, q, z_arg, v_arg, consts,
-                              grad_p, grad_q, scratch_p, scratch_q, d, h, MODE=mode,
-                              ACCUMULATE=accumulate, ROWS=rows, BLOCK_H=block_h,
-                              NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
-                              NUM_G_BLOCKS=triton.cdiv(d, block_g),
-                              TANH_SMALL=_TANH_SMALL[grad_p.dtype],
-                              F64=grad_p.dtype == torch.float64, num_warps=warps)
+    _neural_weight_grad_kernel[grid](*sched.segment_args(), col, a, gw_arg, p, q, z_arg, v_arg,
+                                     consts, grad_p, grad_q, scratch_p, scratch_q, d, h,
+                                     MODE=mode, ACCUMULATE=accumulate, ROWS=rows,
+                                     BLOCK_H=block_h, NUM_H_BLOCKS=tiles_h, BLOCK_G=block_g,
+                                     NUM_G_BLOCKS=triton.cdiv(d, block_g),
+                                     TANH_SMALL=_TANH_SMALL[grad_p.dtype],
+                                     F64=grad_p.dtype == torch.float64, num_warps=warps)
     if sched.num_heavy:
         grid_c = (triton.cdiv(sched.num_heavy, rows), tiles_h)
-        _weight_grad_combine_kernel[grid_c](sched.heavy_row, sched.heavy_first,
-                                            sched.heavy_count, sched.num_heavy, grad_p, grad_q,
-                                            scratch_p, scratch_q, h, ACCUMULATE=accumulate,
-                                            ROWS=rows, BLOCK_H=block_h,
-                                            num_warps=_warps(rows, block_h))
+        _neural_weight_grad_combine_kernel[grid_c](
+            sched.heavy_row, sched.heavy_first, sched.heavy_count, sched.num_heavy, grad_p,
+            grad_q, scratch_p, scratch_q, h, ACCUMULATE=accumulate, ROWS=rows,
+            BLOCK_H=block_h, num_warps=_warps(rows, block_h))
 

@@ -43,8 +43,9 @@ _ops = torch.ops.dignn
 
 
 def _cuda_built() -> bool:
-    from .. import _build_info
-    return bool(_build_info.WITH_CUDA)
+    """Whether the extension was built with its CUDA kernels: asked of the dispatcher (the
+    ops' registrations), not of the package's build record one floor up."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("dignn::csr_fma", "CUDA")
 
 
 def _scheduled(ops, rowptr, col):
@@ -79,15 +80,17 @@ def prepared_row_map(ops):
 _FUSED = FusedSolve(forward=_ops.implicit_diffusion, backward=_ops.implicit_diffusion_backward,
                     storage_dtypes=STORAGE_DTYPES)
 
+# Vector kernels None: the CPU's compiled Anderson record (dignn::anderson_record), PyTorch's
+# ops for the rest.
 CPU = Backend(name="cpu", available=lambda device: device.type == "cpu",
-              neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-              gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
-              storage_dtypes=STORAGE_DTYPES)
+              neural_edge_weights=_ops.neural_edge_weights, csr_fma=_ops.csr_fma,
+              neural_weight_grad=_ops.neural_weight_grad, fused_solve=_FUSED,
+              storage_dtypes=STORAGE_DTYPES, vector_kernels=None)
 
 CUDA = Backend(name="cuda",
                available=lambda device: device.type == "cuda" and _cuda_built()
                and torch.cuda.is_available(),
-               neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-               gradient_pass=_ops.neural_weight_grad, fused_solve=_FUSED,
+               neural_edge_weights=_ops.neural_edge_weights, csr_fma=_ops.csr_fma,
+               neural_weight_grad=_ops.neural_weight_grad, fused_solve=_FUSED,
                storage_dtypes=STORAGE_DTYPES, row_product=prepared_row_product(_ops),
-               row_map=prepared_row_map(_ops))
+               row_map=prepared_row_map(_ops), vector_kernels="torch")

@@ -38,7 +38,7 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     return w, kappa
 
 
-def row_pass(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
+def csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
              rs: Tensor) -> Tensor:
     n = rowptr.numel() - 1
     stored = y.dtype
@@ -50,7 +50,7 @@ def row_pass(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: T
     return (b.to(w.dtype) + cy.unsqueeze(1) * y + rs.unsqueeze(1) * wy).to(stored)
 
 
-def gradient_pass(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor, z: Tensor,
+def neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor, z: Tensor,
                   v: Tensor, eps: float, t_rowptr: Optional[Tensor] = None,
                   t_col: Optional[Tensor] = None,
                   t_perm: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
@@ -73,5 +73,6 @@ def gradient_pass(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Tensor, 
 
 
 TORCH = Backend(name="torch", available=lambda device: True,
-                neural_edge_weights=neural_edge_weights, row_pass=row_pass,
-                gradient_pass=gradient_pass, storage_dtypes=STORAGE_DTYPES)
+                neural_edge_weights=neural_edge_weights, csr_fma=csr_fma,
+                neural_weight_grad=neural_weight_grad, storage_dtypes=STORAGE_DTYPES,
+                vector_kernels="torch")

@@ -6,6 +6,8 @@
 - ``csr_fma``, the row pass;
 - ``neural_weight_grad``, the gradient pass.
 
+Their names are the compiled ops' (``torch.ops.dignn``), and the kernels' are theirs too.
+
 The solvers of :mod:`dignn_kernels.solvers` run on these passes; the backend has no solve
 loop of its own, but gives the solvers' fixed point a row step (:func:`_row_step`: the row
 pass into a given buffer, nothing once the solve is done, then the sweep's bookkeeping from
@@ -242,10 +244,6 @@ def _consts(values: Tuple[float, ...], dtype: torch.dtype, device: torch.device)
     return t
 
 
-def _flag(device: torch.device, value: int = 0) -> Tensor:
-    return torch.full((1,), value, dtype=torch.int32, device=device)
-
-
 # ------------------------------------------------------------------ custom ops --
 # Each op: the implementation (checks, then launches), then its fake kernel.
 
@@ -266,9 +264,9 @@ def _neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: T
     w = a.new_empty(col.numel())
     kappa = a.new_empty(n)
     if n:
-        _jit().neural_weights(schedule_for(rowptr, col.numel()), col.contiguous(),
-                              a.contiguous(), p.contiguous(), q.contiguous(),
-                              _consts((1.0, eps), a.dtype, a.device), w, kappa)
+        _jit().neural_edge_weights(schedule_for(rowptr, col.numel()), col.contiguous(),
+                                   a.contiguous(), p.contiguous(), q.contiguous(),
+                                   _consts((eps,), a.dtype, a.device), w, kappa)
     return w, kappa
 
 
@@ -285,12 +283,13 @@ def _edge_weights_backward_impl(rowptr, col, a, p, q, eps, grad_w, t_rowptr, t_c
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     if n == 0:
         return grad_p, grad_q
-    consts = _consts((1.0, eps), p.dtype, p.device)
+    consts = _consts((eps,), p.dtype, p.device)
     pc, qc, ac, gw = p.contiguous(), q.contiguous(), a.contiguous(), grad_w.contiguous()
-    jit.weight_grad(schedule_for(rowptr, col.numel()), col.contiguous(), ac, pc, qc, consts,
-                    grad_p, grad_q, jit.GRAD_GIVEN, False, gw=gw)
-    jit.weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(), ac[t_perm], pc,
-                    qc, consts, grad_p, grad_q, jit.GRAD_GIVEN, True, gw=gw[t_perm])
+    jit.neural_weight_grad(schedule_for(rowptr, col.numel()), col.contiguous(), ac, pc, qc,
+                           consts, grad_p, grad_q, jit.GRAD_GIVEN, False, gw=gw)
+    jit.neural_weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(),
+                           ac[t_perm], pc, qc, consts, grad_p, grad_q, jit.GRAD_GIVEN, True,
+                           gw=gw[t_perm])
     return grad_p, grad_q
 
 
@@ -316,21 +315,16 @@ register_edge_weights_autograd(f"{_LIB}::neural_edge_weights",
                                _neural_edge_weights_backward)
 
 
-def _fma(rowptr, col, w, y, b, cy, rs) -> Tensor:
-    out = torch.empty_like(y, memory_format=torch.contiguous_format)
-    if y.shape[0]:
-        _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
-                       y.contiguous(), b.contiguous(), cy.contiguous(),
-                       rs.contiguous() if rs is not None else None, out, _flag(y.device))
-    return out
-
-
 @torch.library.custom_op(f"{_LIB}::csr_fma", mutates_args=())
 def _csr_fma(rowptr: Tensor, col: Tensor, w: Tensor, y: Tensor, b: Tensor, cy: Tensor,
              rs: Tensor) -> Tensor:
     check_csr_fma_args(rowptr, col, w, y, b, cy, rs)  # the compiled op's checks
     _require_device(rowptr)
-    return _fma(rowptr, col, w, y, b, cy, rs)
+    out = torch.empty_like(y, memory_format=torch.contiguous_format)
+    if y.shape[0]:  # the plain pass: no done flag, no sums (compiled out of the kernel)
+        _jit().csr_fma(schedule_for(rowptr, col.numel()), col.contiguous(), w.contiguous(),
+                       y.contiguous(), b.contiguous(), cy.contiguous(), rs.contiguous(), out)
+    return out
 
 
 @_csr_fma.register_fake
@@ -364,7 +358,6 @@ def _row_map(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
     bits and writes the compute dtype, the op's output on y widened, bit for bit."""
     n, sched, col, w, cy, rs = _prepared_coefficients(rowptr, col, w, cy, rs)
     jit = _jit()
-    never_done = _flag(w.device)  # the kernels read it; nothing writes it
 
     def row_map(y: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
         check_features(y, "y", n, rowptr, storage_ok=True)
@@ -375,7 +368,7 @@ def _row_map(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
                              f"compute dtype), got {out_dtype}")
         out = torch.empty_like(y, dtype=out_dtype, memory_format=torch.contiguous_format)
         if n:
-            jit.csr_fma(sched, col, w, y.contiguous(), b.contiguous(), cy, rs, out, never_done)
+            jit.csr_fma(sched, col, w, y.contiguous(), b.contiguous(), cy, rs, out)
         return out
 
     return row_map
@@ -412,7 +405,8 @@ def _row_step(rowptr: Tensor, col: Tensor, w: Tensor, b: Tensor, cy: Tensor, rs:
                                    f"and history, dignn_kernels.solvers.fixed_point), got "
                                    f"{t.dtype} of shape {list(t.shape)} on {t.device}")
         if n:  # the row kernels read the state's first element, FP_DONE, as their done flag
-            part = jit.csr_fma(sched, col, w, y, b, cy, rs, out, state[FP_DONE:], c)
+            part = jit.csr_fma(sched, col, w, y, b, cy, rs, out, done=state[FP_DONE:], c=c,
+                               sums=jit.SUMS_NORMS)
             sums = part.view(-1, ROW_STEP_SUMS).sum(dim=0)
         else:
             sums = state.new_zeros(ROW_STEP_SUMS)
@@ -455,12 +449,13 @@ def _row_product(rowptr: Tensor, col: Tensor, w: Tensor, cy: Tensor, rs: Tensor
                                f"{done.device}")
         if not (n and y.shape[1]):
             return y.new_zeros(y.shape[1])
-        return jit.csr_fma(sched, col, w, y, None, cy, rs, out, done, dots=True).sum(dim=0)
+        return jit.csr_fma(sched, col, w, y, None, cy, rs, out, done=done,
+                           sums=jit.SUMS_DOTS).sum(dim=0)
 
     return product
 
 
-def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
+def _neural_weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
     """dl/dp, dl/dq with G_ij = v_i . (z_j - z_i): one pass over the rows on a symmetric
     graph (transposed None), else the CSR's pass and the transposed CSR's pass, added. The
     gradients have a's dtype (the compute dtype, also for 16-bit p, q, z, v)."""
@@ -469,18 +464,19 @@ def _weight_grad_impl(rowptr, col, a, p, q, z, v, eps, transposed):
     grad_q = q.new_empty(q.shape, dtype=a.dtype)
     if p.shape[0] == 0:
         return grad_p, grad_q
-    consts = _consts((1.0, eps), a.dtype, p.device)
+    consts = _consts((eps,), a.dtype, p.device)
     ac, pc, qc, zc, vc = (t.contiguous() for t in (a, p, q, z, v))
     sched = schedule_for(rowptr, col.numel())
     if transposed is None:
-        jit.weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
-                        jit.GRAD_SYMMETRIC, False, z=zc, v=vc)
+        jit.neural_weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
+                               jit.GRAD_SYMMETRIC, False, z=zc, v=vc)
     else:
         t_rowptr, t_col, t_perm = transposed
-        jit.weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
-                        jit.GRAD_OUT, False, z=zc, v=vc)
-        jit.weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(), ac[t_perm],
-                        pc, qc, consts, grad_p, grad_q, jit.GRAD_IN, True, z=zc, v=vc)
+        jit.neural_weight_grad(sched, col.contiguous(), ac, pc, qc, consts, grad_p, grad_q,
+                               jit.GRAD_OUT, False, z=zc, v=vc)
+        jit.neural_weight_grad(schedule_for(t_rowptr, t_col.numel()), t_col.contiguous(),
+                               ac[t_perm], pc, qc, consts, grad_p, grad_q, jit.GRAD_IN, True,
+                               z=zc, v=vc)
     return grad_p, grad_q
 
 
@@ -493,7 +489,7 @@ def _neural_weight_grad(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     directed = check_neural_weight_grad_args(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col,
                                              t_perm)
     _require_device(rowptr)
-    return _weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
+    return _neural_weight_grad_impl(rowptr, col, a, p, q, z, v, eps,
                              (t_rowptr, t_col, t_perm) if directed else None)
 
 
@@ -504,13 +500,10 @@ def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
     return p.new_empty(p.shape, dtype=a.dtype), q.new_empty(q.shape, dtype=a.dtype)
 
 
-def _gradient_pass(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
-    return _ops.neural_weight_grad(rowptr, col, a, p, q, z, v, eps, t_rowptr, t_col, t_perm)
-
-
 _ops = torch.ops.dignn_triton
 
 TRITON = Backend(name="triton", available=available,
-                 neural_edge_weights=_ops.neural_edge_weights, row_pass=_ops.csr_fma,
-                 gradient_pass=_gradient_pass, storage_dtypes=STORAGE_DTYPES,
-                 row_step=_row_step, row_product=_row_product, row_map=_row_map)
+                 neural_edge_weights=_ops.neural_edge_weights, csr_fma=_ops.csr_fma,
+                 neural_weight_grad=_ops.neural_weight_grad, row_map=_row_map,
+                 row_step=_row_step, row_product=_row_product, storage_dtypes=STORAGE_DTYPES,
+                 vector_kernels="triton")

@@ -80,13 +80,13 @@ class _DistributedSolve(torch.autograd.Function):
         forward_stats = ctx.stats_key()
         if forward_stats is not None:
             solve_op._file_backward_stats(forward_stats, out.stats())
-        grad_chi = solve_op.chi_gradient(u, x, z, system.ca, cfg["mu"])
+        grad_chi = solve_op.chi_gradient(u, x, z, system.rs, cfg["mu"])
         grad_p = grad_q = None
         if neural:
             t_rowptr, t_col, t_perm = graph.transposed()
             z_full = _cat(z, graph.exchange.gather(z))
-            v = graph.pad(solve_op.edge_gradient_weights(u, system.ca))
-            grad_p, grad_q = get_backend(cfg["backend"]).gradient_pass(
+            v = graph.pad(solve_op.edge_gradient_weights(u, system.rs))
+            grad_p, grad_q = get_backend(cfg["backend"]).neural_weight_grad(
                 graph.rowptr, graph.col, edge_value, p_full, q_full, z_full, v, cfg["eps"],
                 t_rowptr, t_col, t_perm)
         return None, None, u, grad_chi, grad_p, grad_q, None, None

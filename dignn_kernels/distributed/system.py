@@ -6,7 +6,7 @@ Each map is a halo exchange followed by the backend's row pass on the padded loc
 
 - ``step`` and ``spd_apply`` read W Z: the owned rows are sent to the ranks whose rows read
   them (the forward plan), then one row pass;
-- ``adjoint_step`` reads W^T (ca.u): one row pass over the local transpose gives, on each
+- ``adjoint_step`` reads W^T (rs.u): one row pass over the local transpose gives, on each
   halo row, this rank's share of that remote node's sum; the reverse plan sends the shares to
   their owners, which add them (the transposed plan; the same for symmetric and directed W).
 
@@ -38,11 +38,12 @@ class DistributedSystem:
         n = graph.num_owned
         self.local, self.graph, self.num_owned = local, graph, n
         self.reduce = graph.all_reduce
+        self.vector_kernels = local.vector_kernels
         self.symmetric = local.symmetric
         self.mu = local.mu
         self.mass = local.mass[:n]
         self.decoupled = local.decoupled[:n]
-        self.ca = local.ca[:n]
+        self.rs = local.rs[:n]
         self._rhs = (None, None)
 
     def _padded_rhs(self, rhs: Tensor) -> Tensor:

@@ -200,9 +200,31 @@ def _triton_runs(x: Tensor) -> bool:
 
 
 def resolve_vector_kernels(rhs: Tensor, vector_kernels: Optional[str] = None) -> str:
-    """Which kernels run a solver's vector work on ``rhs``'s device: ``vector_kernels`` =
-    "torch" or "triton"; None picks Triton on a CUDA device where it is installed, else
-    PyTorch."""
+    """Which kernels run a solver's vector work on ``rhs``'s device.
+
+    A solve on a backend passes the backend's choice (:attr:`Backend.vector_kernels
+    <dignn_kernels.backends.interface.Backend>`, through its system's ``vector_kernels``), so
+    that ``backend="torch"`` or ``"cuda"`` runs no Triton kernel; None is the choice of a
+    solver called without one.
+
+    Args:
+        rhs: the right-hand side of the solve (its device decides None).
+        vector_kernels: "torch" or "triton"; None picks Triton on a CUDA device where it is
+            installed, else PyTorch.
+
+    Returns:
+        str: "torch" or "triton".
+
+    Raises:
+        ValueError: ``vector_kernels`` not one of :data:`VECTOR_KERNELS` or None.
+        RuntimeError: "triton" where Triton cannot run on ``rhs``'s device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.cg_update import resolve_vector_kernels
+        >>> resolve_vector_kernels(torch.zeros(3, 2), "torch")
+        'torch'
+    """
     if vector_kernels is None:
         vector_kernels = "triton" if rhs.is_cuda and _triton_runs(rhs) else "torch"
     if vector_kernels not in VECTOR_KERNELS:

@@ -434,10 +434,11 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     if storage_dtype is not None and solver != "fixed_point":
         raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' only; "
                          f"got solver={solver!r}")
-    reduce = system.reduce
+    reduce, kernels = system.reduce, system.vector_kernels  # the backend's vector kernels
     if solver == "cg":
         cg = dict(max_iter=max_iter, tol=tol, check_every=check_every,
                   decoupled=system.decoupled, callback=callback, reduce=reduce,
+                  vector_kernels=kernels,
                   product=system.spd_product())
         coupled = _guard_coupled(system, check_every)
         if adjoint:  # (S + L/mu) v = g, then u = S v
@@ -460,7 +461,8 @@ def _solve(system: EquilibriumSystem, rhs: Tensor, solver: str, adjoint: bool, *
     wide_step = lambda y: step_map(y, rhs, rhs.dtype)  # noqa: E731
     if solver == "anderson":
         return anderson(step, rhs, max_iter=max_iter, tol=tol, window=window,
-                        check_every=check_every, callback=callback, reduce=reduce)
+                        check_every=check_every, callback=callback, reduce=reduce,
+                        vector_kernels=kernels)
     growth = _CERTIFICATE_SYMMETRIC if system.symmetric else _CERTIFICATE_DIRECTED
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass

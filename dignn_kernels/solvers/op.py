@@ -77,7 +77,7 @@ def _system(backend, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowpt
         if kappa is None:  # row sums of the fixed weights, W 1 by the row pass (deterministic)
             n = chi.shape[0]
             ones = chi.new_ones(n)
-            kappa = backend.row_pass(rowptr, col, w, ones.view(n, 1), chi.new_zeros(n, 1),
+            kappa = backend.csr_fma(rowptr, col, w, ones.view(n, 1), chi.new_zeros(n, 1),
                                      chi.new_zeros(n), ones).view(n)
     return EquilibriumSystem(backend, rowptr, col, w, chi, kappa, mu, t_rowptr=t_rowptr,
                              t_col=t_col, t_perm=t_perm, diag_index=diag_index,
@@ -240,10 +240,10 @@ def _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_i
                         check_every=_effective_check_every(check_every, x.device, solver),
                         window=window, storage_dtype=storage_dtype)
     u = out.solution
-    grad_chi = chi_gradient(u.to(x.dtype), x, z, system.ca, mu)
+    grad_chi = chi_gradient(u.to(x.dtype), x, z, system.rs, mu)
     if neural:
-        v = _stored(edge_gradient_weights(u, system.ca), storage_dtype)
-        grad_p, grad_q = passes.gradient_pass(rowptr, col, edge_value, p, q,
+        v = _stored(edge_gradient_weights(u, system.rs), storage_dtype)
+        grad_p, grad_q = passes.neural_weight_grad(rowptr, col, edge_value, p, q,
                                               _stored(z, storage_dtype), v, eps, t_rowptr,
                                               t_col, t_perm)
     else:

@@ -2,17 +2,17 @@
 
 The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(chi),
 L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass
-(:attr:`Backend.row_pass <dignn_kernels.backends.interface.Backend>`) with per-row
+(:attr:`Backend.csr_fma <dignn_kernels.backends.interface.Backend>`) with per-row
 coefficients, so the solvers of :mod:`.loops` run on every backend; it is prepared once per
-system as the backend's row map where it has one (:attr:`Backend.row_map`: on the GPU
-backends, the CSR checked and scheduled once for all of a solve's sweeps).
+system as the backend's row map (:attr:`Backend.row_map`: on the GPU backends, the CSR checked
+and scheduled once for all of a solve's sweeps; elsewhere the ``csr_fma`` op itself).
 """
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from ..backends.interface import Backend, widened_to
+from ..backends.interface import Backend, op_row_map
 from ..csr import diagonal_index
 from ..laplacian import guard_rows, node_mass, row_coefficients
 
@@ -22,8 +22,9 @@ __all__ = ["EquilibriumSystem"]
 class EquilibriumSystem:
     """The maps of one equilibrium problem on a CSR graph with edge weights ``w``:
 
-    - ``step(z, x) = x + cy.z + ca.(W z)``: the forward fixed-point map (eq. iter);
-    - ``adjoint_step(u, g) = g + cy.u + W^T (ca.u)``: the adjoint fixed-point map;
+    - ``step(z, x) = x + cy.z + rs.(W z)``: the forward fixed-point map (eq. iter; ``cy``
+      and ``rs`` the row coefficients, named as ``csr_fma`` names them);
+    - ``adjoint_step(u, g) = g + cy.u + W^T (rs.u)``: the adjoint fixed-point map;
       both in z's (u's) dtype, or from 16-bit z in ``out_dtype`` (the wide last iteration
       of a 16-bit fixed point);
     - ``row_step_of``: either map as the backend's row step, if it has one;
@@ -44,7 +45,8 @@ class EquilibriumSystem:
     ``diag_index`` locates the self-loops (computed when None).
 
     ``reduce`` sums per-process partial sums (norms, dot products) over the processes of a
-    partitioned solve; None here, where every row is local."""
+    partitioned solve; None here, where every row is local. ``vector_kernels`` is the
+    backend's (:attr:`Backend.vector_kernels`): who runs the solvers' vector work."""
 
     reduce = None
 
@@ -52,10 +54,10 @@ class EquilibriumSystem:
                  kappa: Tensor, mu: float, *, t_rowptr: Optional[Tensor] = None,
                  t_col: Optional[Tensor] = None, t_perm: Optional[Tensor] = None,
                  diag_index: Optional[Tensor] = None, symmetric: Optional[bool] = None):
-        self.row_pass = backend.row_pass
-        self.row_map = backend.row_map
+        self.row_map = backend.row_map or op_row_map(backend.csr_fma)
         self.row_step = backend.row_step
         self.row_product = backend.row_product
+        self.vector_kernels = backend.vector_kernels
         self.rowptr, self.col, self.w = rowptr, col, w
         self.mu = float(mu)
         self.symmetric = t_rowptr is None if symmetric is None else bool(symmetric)
@@ -64,7 +66,7 @@ class EquilibriumSystem:
         self.guard = guard_rows(chi)
         self.ones = torch.ones_like(chi)
         self.mass = node_mass(chi)
-        self.cy, self.ca = row_coefficients(chi, kappa, self.mu)
+        self.cy, self.rs = row_coefficients(chi, kappa, self.mu)
         self.kappa = kappa
         self.decoupled = self.guard | (rowptr[1:] == rowptr[:-1])
         self._adjoint = None
@@ -75,21 +77,21 @@ class EquilibriumSystem:
     def _map(self, adjoint: bool):
         """(rowptr, col, w, cy, rs) of the row pass of the forward or the adjoint map."""
         if not adjoint:
-            return self.rowptr, self.col, self.w, self.cy, self.ca
+            return self.rowptr, self.col, self.w, self.cy, self.rs
         if self._adjoint is None:
             t_rowptr, t_col, t_perm = self._transposed
             if t_rowptr is None:
                 t_rowptr, t_col, t_w = self.rowptr, self.col, self.w
             else:
                 t_w = self.w[t_perm]
-            # entry (j, i) of W^T carries W_ij ca_i, so that W^T (ca.u) is one CSR product
-            self._adjoint = (t_rowptr, t_col, t_w * self.ca[t_col.long()], self.cy, self.ones)
+            # entry (j, i) of W^T carries W_ij rs_i, so that W^T (rs.u) is one CSR product
+            self._adjoint = (t_rowptr, t_col, t_w * self.rs[t_col.long()], self.cy, self.ones)
         return self._adjoint
 
     def _prepared_map(self, which: str) -> Callable[..., Tensor]:
         """``map(y, b, out_dtype=None)``: the row pass of the forward map, the adjoint map or
-        the SPD matrix (``which``), made once per system (the backend's row map, else its row
-        pass on y widened to ``out_dtype``; see the pass interface's ``row_map``)."""
+        the SPD matrix (``which``), made once per system (the backend's row map; see the pass
+        interface's ``row_map``)."""
         prepared = self._prepared.get(which)
         if prepared is None:
             if which == "spd":
@@ -97,12 +99,7 @@ class EquilibriumSystem:
                 rowptr, col, w, cy, rs = self.rowptr, self.col, self.w, spd_cy, spd_rs
             else:
                 rowptr, col, w, cy, rs = self._map(which == "adjoint")
-            if self.row_map is not None:
-                prepared = self.row_map(rowptr, col, w, cy, rs)
-            else:
-                row_pass = self.row_pass
-                prepared = lambda y, b, out_dtype=None: row_pass(  # noqa: E731
-                    rowptr, col, w, widened_to(y, out_dtype), b, cy, rs)
+            prepared = self.row_map(rowptr, col, w, cy, rs)
             self._prepared[which] = prepared
         return prepared
 
