@@ -11,7 +11,7 @@ from .distributed.graph import DistributedGraph
 from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 from .reorder import check_reorder
-from .solvers import SOLVERS
+from .solvers.registry import check_solver_storage, get_solver
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
@@ -149,19 +149,15 @@ class FusedImplicitDiffusion(nn.Module):
         check_scalars(max_iter=max_iter, tol=tol, eps=eps)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        get_solver(solver)  # (a ValueError naming the registered solvers)
         if check_every is not None:
             check_int("check_every", check_every, 0)
         if sync_checks is not None and not isinstance(sync_checks, bool):
             raise ValueError(f"sync_checks must be None, True or False, got {sync_checks!r}")
         self.storage_dtype = check_storage_dtype(storage_dtype)
-        if storage_dtype is not None:
-            if solver != "fixed_point":
-                raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' "
-                                 f"only, got solver={solver!r}")
-            if backend != "auto":
-                check_backend_storage(backend, storage_dtype)
+        check_solver_storage(solver, storage_dtype)
+        if storage_dtype is not None and backend != "auto":
+            check_backend_storage(backend, storage_dtype)
         self.reorder = check_reorder(reorder)
         self.in_channels = in_channels
         self.mu = float(mu)
@@ -361,7 +357,7 @@ class FusedImplicitDiffusion(nn.Module):
         config = dict(mu=self.mu, eps=self.eps, max_iter=self.max_iter, tol=self.tol,
                       solver=solver, backend=backend, check_every=self.check_every,
                       t_rowptr=t_rowptr, t_col=t_col, t_perm=t_perm,
-                      diag_index=graph.diagonal_index() if solver == "cg" else None,
+                      diag_index=graph.diagonal_index() if get_solver(solver).spd else None,
                       host_checks=host_checks, trusted=True,  # checked once per graph
                       storage_dtype=self.storage_dtype)
         call = solvers.implicit_diffusion

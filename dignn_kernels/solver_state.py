@@ -67,6 +67,9 @@ def state_of(fields: Dict[int, Tensor], size: int) -> Tensor:
         KeyError: a slot below ``size`` has no field.
 
     Example:
+        >>> import torch
+        >>> from dignn_kernels.solver_state import (CG_STATE, DIVERGED, DONE, REF_SAFE,
+        ...                                         RESIDUAL, SWEEPS, TARGET, state_of)
         >>> one = torch.ones((), dtype=torch.float64)
         >>> state_of({DONE: one * 0, DIVERGED: one * 0, SWEEPS: one * 0, RESIDUAL: one,
         ...           TARGET: one * 1e-6, REF_SAFE: one}, CG_STATE).tolist()
@@ -94,6 +97,9 @@ def record_iteration(state: Tensor, res: Tensor, bad: Tensor, stop: Tensor, *mor
         0-dim bool tensor: whether the solve was live before this iteration.
 
     Example:
+        >>> import torch
+        >>> from dignn_kernels.solver_state import (CG_STATE, DONE, RESIDUAL, SWEEPS,
+        ...                                         record_iteration)
         >>> state = torch.zeros(CG_STATE, dtype=torch.float64)
         >>> res = torch.tensor(0.5, dtype=torch.float64)
         >>> bool(record_iteration(state, res, ~torch.isfinite(res), res < 1.0))

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from dignn_kernels import solvers
-from dignn_kernels.solvers.anderson_update import (AA_ACCEPT, AA_DIVERGED, AA_DONE,
-                                                   AA_RESIDUAL, AA_SWEEPS, TRITON_MAX_M,
-                                                   AndersonVectors, CpuAndersonVectors,
-                                                   TritonAndersonVectors,
+from dignn_kernels.solver_state import ACCEPT, DIVERGED, DONE, RESIDUAL, SWEEPS
+from dignn_kernels.solvers.anderson_update import (TRITON_MAX_M, AndersonVectors,
+                                                   CpuAndersonVectors, TritonAndersonVectors,
                                                    anderson_regularization, anderson_state,
                                                    anderson_vectors_for, lapack_small_spd_solve,
                                                    torch_small_spd_solve)
@@ -210,8 +209,8 @@ def test_finish_kernel_equals_torch(case):
     states = [anderson_state(*torch.tensor([0.7, 1e-6, 2.0], dtype=torch.float64).unbind())
               for _ in range(2)]
     for state in states:
-        state[AA_DONE] = done
-        state[AA_SWEEPS] = 3.0
+        state[DONE] = done
+        state[SWEEPS] = 3.0
     grams = [torch.randn(d, m, m, generator=g, dtype=torch.float64)] * 2
     grams[1] = grams[0].clone()
     projs = [torch.zeros(m, d, dtype=torch.float64) for _ in range(2)]
@@ -227,11 +226,11 @@ def test_finish_kernel_equals_torch(case):
     assert torch.equal(t_proj[:count], sums[1 + count:].to(DEVICE))
     res = float(sums[0].sum().sqrt())
     accepted = done == 0.0 and math.isfinite(res)
-    assert float(state[AA_ACCEPT]) == float(accepted)
-    assert float(state[AA_SWEEPS]) == 3.0 + (done == 0.0)
-    assert float(state[AA_DIVERGED]) == float(done == 0.0 and not math.isfinite(res))
-    assert float(state[AA_DONE]) == float(case != "running")
-    assert float(state[AA_RESIDUAL]) == (res if accepted else 0.7)
+    assert float(state[ACCEPT]) == float(accepted)
+    assert float(state[SWEEPS]) == 3.0 + (done == 0.0)
+    assert float(state[DIVERGED]) == float(done == 0.0 and not math.isfinite(res))
+    assert float(state[DONE]) == float(case != "running")
+    assert float(state[RESIDUAL]) == (res if accepted else 0.7)
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dignn_kernels import solvers
-from dignn_kernels.solvers.cg_update import (CG_DIVERGED, CG_DONE, CG_SWEEPS, CGState,
-                                             TorchCGUpdate, TritonCGUpdate, cg_flags,
+from dignn_kernels.solver_state import DIVERGED, DONE, SWEEPS
+from dignn_kernels.solvers.cg_update import (CGState, TorchCGUpdate, TritonCGUpdate, cg_flags,
                                              cg_update_for)
 
 pytest.importorskip("triton")
@@ -82,8 +82,8 @@ def test_triton_finish_equals_torch(d, dtype, kind, done, target):
     residual = torch.tensor(2.0, dtype=torch.float64)
     flags = cg_flags(residual, torch.tensor(target, dtype=torch.float64),
                      torch.tensor(4.0, dtype=torch.float64))
-    flags[CG_DONE] = float(done)
-    flags[CG_SWEEPS] = 3.0
+    flags[DONE] = float(done)
+    flags[SWEEPS] = 3.0
     results = []
     for update in (TorchCGUpdate, TritonCGUpdate):
         st = _state(4, d, dtype)
@@ -99,9 +99,9 @@ def test_triton_finish_equals_torch(d, dtype, kind, done, target):
     if done:
         assert torch.equal(f_t, flags)
     else:
-        assert float(f_t[CG_SWEEPS]) == 4.0
-        assert float(f_t[CG_DIVERGED]) == float(kind in ("nan", "inf"))
-        assert float(f_t[CG_DONE]) == float(kind != "finite" or res <= target)
+        assert float(f_t[SWEEPS]) == 4.0
+        assert float(f_t[DIVERGED]) == float(kind in ("nan", "inf"))
+        assert float(f_t[DONE]) == float(kind != "finite" or res <= target)
         assert kind != "negative" or res == 0.0
 
 

@@ -20,7 +20,7 @@ import torch
 import dignn_kernels as dk
 from dignn_kernels import laplacian, ops, reference
 from dignn_kernels.backends import interface as iface, triton as tb
-from dignn_kernels.solvers import loops
+from dignn_kernels.solvers import anderson_solver, cg_solver, loops
 from backend_faces import face, graph_inputs as shared_graph_inputs
 from conftest import (HostReads, make_graph, make_layer, rel_err, thetas,
                       wide_range_projections)
@@ -596,10 +596,11 @@ def test_solves_on_the_triton_sweeps_read_nothing_on_the_host(monkeypatch):
     monkeypatch.setattr(_triton_cg, "cg_step", lambda state, w, delta, done: (
         state.alpha_prev, state.r.new_ones(2, state.r.shape[1])))
     monkeypatch.setattr(_triton_cg, "cg_finish", lambda sums, flags, history, k: None)
-    monkeypatch.setattr(loops, "cg_update_for", lambda rhs, kernels: cg_update.TritonCGUpdate)
+    monkeypatch.setattr(cg_solver, "cg_update_for",
+                        lambda rhs, kernels: cg_update.TritonCGUpdate)
     for name in [name for name in dir(_triton_anderson) if name.endswith("_kernel")]:
         monkeypatch.setattr(_triton_anderson, name, _NoLaunch())
-    monkeypatch.setattr(loops, "anderson_vectors_for",
+    monkeypatch.setattr(anderson_solver, "anderson_vectors_for",
                         lambda rhs, window, kernels: TritonAndersonVectors(rhs, window))
     x, ei, w = make_graph("weighted", n=30, d=4, dtype=torch.float32)
     g = dk.build_graph(ei, x.size(0), w)

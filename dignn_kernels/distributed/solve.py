@@ -23,6 +23,7 @@ from torch import Tensor
 from ..backends import get_backend
 from ..solvers import op as solve_op
 from ..solvers.loops import ANDERSON_WINDOW, solve_adjoint, solve_forward
+from ..solvers.registry import get_solver
 from .graph import DistributedGraph
 from .system import DistributedSystem, _cat
 
@@ -33,7 +34,7 @@ def _system(graph: DistributedGraph, cfg: dict, edge_value: Tensor, chi: Tensor,
             p_full: Optional[Tensor], q_full: Optional[Tensor], kappa: Optional[Tensor],
             w: Optional[Tensor] = None):
     t_rowptr, t_col, t_perm = graph.transposed()
-    diag_index = graph.diagonal_index() if cfg["solver"] == "cg" else None
+    diag_index = graph.diagonal_index() if get_solver(cfg["solver"]).spd else None
     local, w, kappa = solve_op._system(
         get_backend(cfg["backend"]), graph.rowptr, graph.col, edge_value, graph.pad(chi),
         p_full, q_full, kappa, cfg["mu"], cfg["eps"], t_rowptr, t_col, t_perm, diag_index,

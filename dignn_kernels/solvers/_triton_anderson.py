@@ -25,10 +25,15 @@ import triton.language as tl
 from torch import Tensor
 
 from ..backends.triton import _consts
+from ..solver_state import ACCEPT, DIVERGED, DONE, REF_SAFE, RESIDUAL, SWEEPS, TARGET
 from ._triton_cg import ROWS, _block_d, _chunk, _columns, _grid, chunk_rows
 
 __all__ = ["window_mix", "window_record", "anderson_finish", "anderson_gamma",
            "small_spd_solve"]
+
+# The slots of its state (solver_state.ANDERSON_STATE), as kernel constants
+_DONE, _DIVERGED, _SWEEPS, _RESIDUAL, _TARGET, _REF_SAFE, _ACCEPT = (
+    tl.constexpr(i) for i in (DONE, DIVERGED, SWEEPS, RESIDUAL, TARGET, REF_SAFE, ACCEPT))
 
 
 @triton.jit
@@ -171,8 +176,7 @@ def _window_record_kernel(gy_new, y_new, f, gy, f_new, d_f, d_g, partials, slot,
 def _anderson_finish_kernel(sums, gram, proj, state, history, k, slot, count, D,
                             M: tl.constexpr, BLOCK: tl.constexpr):
     """anderson_update.AndersonVectors.finish in one program, float64. State:
-    anderson_update.ANDERSON_STATE (0 done, 1 diverged, 2 sweeps, 3 residual, 4 target,
-    5 ref_safe, 6 accepted)."""
+    solver_state.ANDERSON_STATE."""
     total = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
     for start in range(0, D, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -186,16 +190,18 @@ def _anderson_finish_kernel(sums, gram, proj, state, history, k, slot, count, D,
             tl.store(proj + j * D + cols, tl.load(sums + (1 + count + j) * D + cols, mask=cmask,
                                                   other=0.0), mask=cmask)
     res = tl.sqrt(tl.where(total < 0, 0.0, total))  # a NaN stays NaN, as clamp_min keeps it
-    tl.store(history + k, res / tl.load(state + 5))
+    tl.store(history + k, res / tl.load(state + _REF_SAFE))
     bad = res * 0.0 != 0.0  # NaN or inf (no float literal: they are float32)
-    done = tl.load(state) != 0
+    done = tl.load(state + _DONE) != 0
     live = ~done
     accept = live & ~bad
-    tl.store(state, tl.where(done | bad | (res <= tl.load(state + 4)), 1.0, 0.0))
-    tl.store(state + 1, tl.where((tl.load(state + 1) != 0) | (live & bad), 1.0, 0.0))
-    tl.store(state + 2, tl.load(state + 2) + tl.where(live, 1.0, 0.0))
-    tl.store(state + 3, tl.where(accept, res, tl.load(state + 3)))
-    tl.store(state + 6, tl.where(accept, 1.0, 0.0))
+    tl.store(state + _DONE,
+             tl.where(done | bad | (res <= tl.load(state + _TARGET)), 1.0, 0.0))
+    tl.store(state + _DIVERGED,
+             tl.where((tl.load(state + _DIVERGED) != 0) | (live & bad), 1.0, 0.0))
+    tl.store(state + _SWEEPS, tl.load(state + _SWEEPS) + tl.where(live, 1.0, 0.0))
+    tl.store(state + _RESIDUAL, tl.where(accept, res, tl.load(state + _RESIDUAL)))
+    tl.store(state + _ACCEPT, tl.where(accept, 1.0, 0.0))
 
 
 def window_mix(gy: Tensor, d_g: Tensor, gamma: Tensor, filled: int) -> Tensor:

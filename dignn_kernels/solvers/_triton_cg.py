@@ -14,10 +14,13 @@ import triton.language as tl
 from torch import Tensor
 
 from ..backends._triton_jit import _load_done, record_iteration
+from ..solver_state import REF_SAFE, TARGET
 
 __all__ = ["column_dots", "cg_step", "cg_finish", "ROWS", "chunk_rows"]
 
 ROWS = 64  # rows of a program's block: one row of partial sums each
+# The slots of its state past the shared ones (solver_state.CG_STATE), as kernel constants
+_TARGET, _REF_SAFE = tl.constexpr(TARGET), tl.constexpr(REF_SAFE)
 
 
 def chunk_rows(t: Tensor) -> int:
@@ -112,8 +115,7 @@ def _cg_finish_kernel(sums, d, flags, history, k, BLOCK: tl.constexpr):
     """cg_update.TorchCGUpdate.finish in one program, float64: res = sqrt(max(sum_c
     sums[1, c], 0)) (NaN kept), history[k] = res / ref_safe; if live, the iteration counted,
     res kept, a non-finite res flagged as divergence; done once diverged or res <= target.
-    Flags: cg_update.CG_FLAGS (0 done, 1 diverged, 2 sweeps, 3 residual, 4 target,
-    5 ref_safe)."""
+    State: solver_state.CG_STATE."""
     total = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
     for start in range(0, d, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -121,8 +123,8 @@ def _cg_finish_kernel(sums, d, flags, history, k, BLOCK: tl.constexpr):
                         axis=0)
     res = tl.sqrt(tl.where(total < 0, 0.0, total))  # a NaN stays NaN, as clamp_min keeps it
     bad = res * 0.0 != 0.0  # NaN or inf (no float literal: they are float32)
-    tl.store(history + k, res / tl.load(flags + 5))
-    record_iteration(flags, res, bad, res <= tl.load(flags + 4))
+    tl.store(history + k, res / tl.load(flags + _REF_SAFE))
+    record_iteration(flags, res, bad, res <= tl.load(flags + _TARGET))
 
 
 def cg_finish(sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:

@@ -1,4 +1,4 @@
-"""The vector work of one Anderson iteration (:func:`.loops.anderson`) around its sweep,
+"""The vector work of one Anderson iteration (:func:`.anderson_solver.anderson`) around its sweep,
 written once in PyTorch and once as Triton kernels.
 
 Per channel, with the window's differences dF, dG (slot-major m x n x d, ``filled`` slots in
@@ -23,8 +23,9 @@ use), f = step(y) - y and gy = step(y), an iteration is:
   matrix and the next right-hand side <dF_j, f_new>, for the ``count`` filled slots (this
   process's rows: a partitioned solve sums the table over processes);
 - ``finish``: from the (global) sums, the residual ||f_new||, the history, the solve's state
-  (:data:`ANDERSON_STATE`: done, diverged, sweeps, residual, whether the iterate is accepted),
-  the Gram matrix's new row and column and the next right-hand side, all on the device.
+  (``dignn_kernels.solver_state.ANDERSON_STATE``: done, diverged, sweeps, residual, whether
+  the iterate is accepted), the Gram matrix's new row and column and the next right-hand
+  side, all on the device.
 
 - :class:`AndersonVectors`: PyTorch ops, any device. The dots loop over the slots with one
   scratch buffer (on the CPU faster than any batched form of these per-channel products, but
@@ -53,22 +54,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .cg_update import (CG_DIVERGED, CG_DONE, CG_REF_SAFE, CG_RESIDUAL, CG_SWEEPS, CG_TARGET,
-                        resolve_vector_kernels)
-from .device_state import state_of
+from ..solver_state import (ACCEPT, ANDERSON_STATE, DIVERGED, DONE, REF_SAFE, RESIDUAL,
+                            SHARED_STATE, SWEEPS, TARGET, state_of)
+from .cg_update import resolve_vector_kernels
 
 __all__ = ["AndersonVectors", "TritonAndersonVectors", "CpuAndersonVectors",
            "anderson_vectors_for",
            "torch_small_spd_solve", "lapack_small_spd_solve", "anderson_state",
-           "anderson_regularization", "TRITON_MAX_M", "AA_DONE", "AA_DIVERGED", "AA_SWEEPS",
-           "AA_RESIDUAL", "AA_TARGET", "AA_REF_SAFE", "AA_ACCEPT", "ANDERSON_STATE"]
-
-# The solve's state on the device, one float64 tensor (flags as 0 / 1): cg's six fields
-# (done, diverged, sweeps, residual, the target tol * ||rhs|| and the safe reference norm of
-# the history), then whether the last iteration's iterate was accepted (live and finite).
-AA_DONE, AA_DIVERGED, AA_SWEEPS, AA_RESIDUAL = CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL
-AA_TARGET, AA_REF_SAFE = CG_TARGET, CG_REF_SAFE
-AA_ACCEPT, ANDERSON_STATE = 6, 7
+           "anderson_regularization", "TRITON_MAX_M"]
 
 # The largest window the Triton solve holds in registers (a B x 16 x 16 tile per program).
 TRITON_MAX_M = 16
@@ -115,9 +108,9 @@ def anderson_state(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor
     sweep, diverged where the residual is not finite, done then or where it meets the
     target."""
     diverged = ~torch.isfinite(residual)
-    fields = {AA_DONE: diverged | (residual <= target), AA_DIVERGED: diverged,
-              AA_SWEEPS: torch.ones_like(residual), AA_RESIDUAL: residual, AA_TARGET: target,
-              AA_REF_SAFE: ref_safe, AA_ACCEPT: torch.zeros_like(residual)}
+    fields = {DONE: diverged | (residual <= target), DIVERGED: diverged,
+              SWEEPS: torch.ones_like(residual), RESIDUAL: residual, TARGET: target,
+              REF_SAFE: ref_safe, ACCEPT: torch.zeros_like(residual)}
     return state_of(fields, ANDERSON_STATE)
 
 
@@ -176,15 +169,15 @@ class AndersonVectors:
         gram[:, slot, :count] = column
         proj[:count] = sums[1 + count:]
         res = sums[0].sum().clamp_min(0.0).sqrt()  # (a NaN stays NaN)
-        history[k] = res / state[AA_REF_SAFE]
+        history[k] = res / state[REF_SAFE]
         bad = ~torch.isfinite(res)
-        live = state[AA_DONE] == 0
+        live = state[DONE] == 0
         accept = live & ~bad
-        fields = [(state[AA_DONE] != 0) | bad | (res <= state[AA_TARGET]),
-                  (state[AA_DIVERGED] != 0) | (live & bad), state[AA_SWEEPS] + live,
-                  torch.where(accept, res, state[AA_RESIDUAL])]
-        state[:AA_TARGET] = torch.stack([t.double() for t in fields])
-        state[AA_ACCEPT] = accept.double()
+        fields = [(state[DONE] != 0) | bad | (res <= state[TARGET]),
+                  (state[DIVERGED] != 0) | (live & bad), state[SWEEPS] + live,
+                  torch.where(accept, res, state[RESIDUAL])]
+        state[:SHARED_STATE] = torch.stack([t.double() for t in fields])
+        state[ACCEPT] = accept.double()
 
     def dots(self, slots: Tensor, v: Tensor, filled: int) -> Tensor:
         """[filled, d] float64: <slots[j], v> per channel for j < filled (this process's

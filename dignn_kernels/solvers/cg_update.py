@@ -1,4 +1,4 @@
-"""The vector work of one conjugate-gradient iteration (:func:`.loops.conjugate_gradient`),
+"""The vector work of one conjugate-gradient iteration (:func:`.cg_solver.conjugate_gradient`),
 after its sweep w = A u: written once in PyTorch and once as fused Triton kernels.
 
 The iteration is CG in the single-reduction form of Chronopoulos and Gear (1989). Per
@@ -29,30 +29,22 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..backends.interface import FP_DIVERGED, FP_DONE, FP_RESIDUAL, FP_SWEEPS
-from .device_state import record_iteration, state_of
+from ..solver_state import (CG_STATE, DIVERGED, DONE, REF_SAFE, RESIDUAL, SWEEPS, TARGET,
+                            record_iteration, state_of)
 
 __all__ = ["CGState", "TorchCGUpdate", "TritonCGUpdate", "cg_update_for",
-           "resolve_vector_kernels", "VECTOR_KERNELS",
-           "CG_DONE", "CG_DIVERGED", "CG_SWEEPS", "CG_RESIDUAL", "CG_TARGET", "CG_REF_SAFE",
-           "CG_FLAGS", "cg_flags"]
+           "resolve_vector_kernels", "VECTOR_KERNELS", "cg_flags"]
 
 VECTOR_KERNELS = ("torch", "triton")
 
-# The solve's flags and counters on the device, one float64 tensor (flags as 0 / 1): the first
-# four fields are the fixed point's (.device_state), the others the solve's constants (the
-# stopping target tol * ||rhs|| and the safe reference norm for the history).
-CG_DONE, CG_DIVERGED, CG_SWEEPS, CG_RESIDUAL = FP_DONE, FP_DIVERGED, FP_SWEEPS, FP_RESIDUAL
-CG_TARGET, CG_REF_SAFE, CG_FLAGS = 4, 5, 6
-
 
 def cg_flags(residual: Tensor, target: Tensor, ref_safe: Tensor) -> Tensor:
-    """The flags before the first iteration: done where the start's residual already meets
-    the target (rhs = 0 included)."""
+    """The solve's state (dignn_kernels.solver_state, CG_STATE) before the first iteration:
+    done where the start's residual already meets the target (rhs = 0 included)."""
     zero = torch.zeros_like(residual)
-    fields = {CG_DONE: (residual <= target).double(), CG_DIVERGED: zero, CG_SWEEPS: zero,
-              CG_RESIDUAL: residual, CG_TARGET: target, CG_REF_SAFE: ref_safe}
-    return state_of(fields, CG_FLAGS)
+    fields = {DONE: (residual <= target).double(), DIVERGED: zero, SWEEPS: zero,
+              RESIDUAL: residual, TARGET: target, REF_SAFE: ref_safe}
+    return state_of(fields, CG_STATE)
 
 
 def _residual_norm(sums: Tensor) -> Tensor:
@@ -153,8 +145,8 @@ class TorchCGUpdate:
         as divergence; then done once diverged or the residual meets the target."""
         state.take_gamma(sums)
         res = _residual_norm(sums)
-        history[k] = res / flags[CG_REF_SAFE]
-        record_iteration(flags, res, ~torch.isfinite(res), res <= flags[CG_TARGET])
+        history[k] = res / flags[REF_SAFE]
+        record_iteration(flags, res, ~torch.isfinite(res), res <= flags[TARGET])
 
     @staticmethod
     def dot(state: CGState, w: Tensor) -> Tensor:

@@ -32,12 +32,13 @@ from torch import Tensor
 
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
-from ..checks import (check_backend_device, check_flag, check_graph_data,
+from ..checks import (check_backend_device, check_flag, check_graph_data, check_int,
                       check_projection_range, check_same_device, check_scalars,
                       check_solve_args, check_tensors)
-from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, check_every_arg,
-                    default_check_every, fixed_point_diverged, solve_adjoint, solve_forward)
+from .loops import (ANDERSON_WINDOW, DivergenceWarning, check_every_arg, default_check_every,
+                    fixed_point_diverged, solve_adjoint, solve_forward)
 from ..laplacian import check_inverse_mu, coefficient_overflow_message
+from .registry import check_solver_storage, get_solver
 from .system import EquilibriumSystem
 
 __all__ = ["implicit_diffusion", "resolve_solver", "host_reads_allowed", "backward_stats"]
@@ -57,8 +58,30 @@ def _file_backward_stats(forward_stats: Tensor, stats: Tensor) -> None:
 
 
 def backward_stats(forward_stats: Tensor) -> Optional[Tensor]:
-    """[iterations, residual, relative residual, diverged] of the adjoint solve of the
-    backward that followed the forward which returned ``forward_stats``; None before it ran."""
+    """The stats of the adjoint solve of a backward.
+
+    Args:
+        forward_stats: the stats tensor a forward returned (:func:`implicit_diffusion`'s
+            second output).
+
+    Returns:
+        [iterations, residual, relative residual, diverged] (float64) of the adjoint solve of
+        the backward that followed that forward; None before it ran (and under
+        ``torch.compile``, where nothing is filed).
+
+    Example:
+        >>> import torch, dignn_kernels as dk
+        >>> g = dk.build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)
+        >>> w, chi, kappa = g.fixed_laplacian("rw", torch.float64)
+        >>> x = torch.ones(3, 2, dtype=torch.float64, requires_grad=True)
+        >>> z, stats = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, kappa=kappa, mu=2.2,
+        ...                                  solver="cg", max_iter=50)
+        >>> dk.backward_stats(stats) is None
+        True
+        >>> z.sum().backward()
+        >>> dk.backward_stats(stats).shape
+        torch.Size([4])
+    """
     entry = _BACKWARD_STATS.get(id(forward_stats))
     if entry is None or entry[0]() is not forward_stats:
         return None
@@ -326,17 +349,36 @@ torch.library.register_autograd("dignn::implicit_solve", _solve_backward,
 # ------------------------------------------------------------------ the entry point --
 
 def resolve_solver(solver: str, symmetric: bool) -> str:
-    """The solver that will run: ``cg`` needs a symmetric W and falls back to ``anderson``
-    (with a warning) on directed graphs or asymmetric edge values."""
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-    if solver == "cg" and not symmetric:
+    """The solver that will run.
+
+    A solver of the SPD form (``cg``, registered with ``spd=True``) needs a symmetric W: on a
+    directed graph or with asymmetric edge values ``anderson`` runs instead, with a warning.
+
+    Args:
+        solver: a registered solver's name.
+        symmetric: whether the graph's W is symmetric.
+
+    Returns:
+        The name of the solver that runs.
+
+    Raises:
+        ValueError: ``solver`` is not registered.
+
+    Example:
+        >>> import warnings
+        >>> from dignn_kernels.solvers import resolve_solver
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     resolve_solver("cg", symmetric=False)
+        'anderson'
+    """
+    if get_solver(solver).spd and not symmetric:
         warnings.warn(
-            "solver='cg' needs a symmetric W (an undirected graph with a_ij == a_ji): only then "
-            "is (C + L/mu) Z = C X a symmetric positive definite system. This graph is directed "
-            "or has asymmetric edge values, so solver='anderson' runs instead. Symmetrize the "
-            "graph (torch_geometric.utils.to_undirected) to use cg, or pass solver='anderson' "
-            "to silence this.", UserWarning, stacklevel=3)
+            f"solver={solver!r} needs a symmetric W (an undirected graph with a_ij == a_ji): "
+            f"only then is (C + L/mu) Z = C X a symmetric positive definite system. This graph "
+            f"is directed or has asymmetric edge values, so solver='anderson' runs instead. "
+            f"Symmetrize the graph (torch_geometric.utils.to_undirected) to use {solver}, or "
+            f"pass solver='anderson' to silence this.", UserWarning, stacklevel=3)
         return "anderson"
     return solver
 
@@ -432,47 +474,79 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 10), differentiable in
     x, chi, p and q by implicit differentiation.
 
-    Neural Laplacian when ``p`` and ``q`` are given (``edge_value`` = a); otherwise
-    ``edge_value`` holds fixed weights W and ``kappa`` their diagonal (None: the row sums of
-    W). ``t_rowptr, t_col, t_perm``: the transposed CSR for graphs whose W is not symmetric.
-
-    - ``solver``: ``"fixed_point"`` (the paper's iteration from Z_0 = 0; ``max_iter`` counts
-      its iterations, Z_1 = X the first), ``"cg"`` (symmetric W only: pass no t_*; directed
-      graphs fall back to ``"anderson"`` with a warning) or ``"anderson"`` (``max_iter``
-      counts their CSR sweeps);
-    - ``backend``: whose passes run it, a name of :data:`dignn_kernels.backends.BACKENDS`
-      (default: ``"cuda"`` for CUDA tensors, else ``"cpu"``);
-    - ``check_every``: host reads of the convergence flag (None: every sweep on the CPU, see
-      :func:`~dignn_kernels.solvers.default_check_every`; 0: always ``max_iter``);
-      ``window``: Anderson's history;
-    - ``diag_index``: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed;
-    - ``host_checks``: read the stats on the host to warn (None: whenever
-      :func:`host_reads_allowed`; False: never, so the call does not synchronize);
-    - ``trusted``: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
-      once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`;
-    - ``storage_dtype``: None (everything in x's dtype) or ``torch.bfloat16`` /
-      ``torch.float16``: the iterates of the solve and of its adjoint are stored in that
-      dtype (the last iteration, computed from the last stored iterate, is kept wide) while
-      every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa, chi, the row
-      coefficients and the convergence norms stay wide, and z and the gradients come back in
-      x's dtype. Fixed point only, on a backend that
-      supports it (:func:`dignn_kernels.backends.storage_backends`: all four built in); with
-      ``backend=None`` the first of them available on x's device.
-
     The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
     once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual
-    relative to ||g||_F). Returns (z, stats), stats = [iterations, residual, relative
-    residual, diverged] (float64, on the device); :func:`backward_stats` gives the same of
-    the adjoint solve once a backward ran. A diverging or non-converging solve gives a
-    :class:`DivergenceWarning` naming mu."""
+    relative to ||g||_F). A diverging or non-converging solve gives a
+    :class:`DivergenceWarning` naming mu.
+
+    Args:
+        rowptr: the CSR row pointers of the graph (n + 1).
+        col: the CSR column indices.
+        edge_value: the neural Laplacian's edge values a when ``p`` and ``q`` are given, else
+            the fixed weights W.
+        x: the features X (n x d, float32 or float64).
+        chi: the node weights chi (n).
+        p: the neural Laplacian's projections p (n x h), or None for fixed weights.
+        q: its projections q (n x h), or None.
+        kappa: the diagonal of L for fixed weights (None: the row sums of W).
+        mu: the source-constraint strength, > 0.
+        eps: the epsilon of eq. 14.
+        max_iter: the most iterations: the fixed point counts its iterations (Z_1 = X the
+            first), the other solvers their CSR sweeps.
+        tol: the relative stopping tolerance (above).
+        solver: a registered solver (:data:`dignn_kernels.solvers.SOLVERS`):
+            ``"fixed_point"`` (the paper's iteration from Z_0 = 0), ``"cg"`` (symmetric W
+            only: pass no t_*; directed graphs fall back to ``"anderson"`` with a warning) or
+            ``"anderson"``.
+        backend: whose passes run it, a name of :data:`dignn_kernels.backends.BACKENDS`
+            (default: ``"cuda"`` for CUDA tensors, else ``"cpu"``).
+        check_every: host reads of the convergence flag (None: every sweep on the CPU, see
+            :func:`~dignn_kernels.solvers.default_check_every`; 0: always ``max_iter``).
+        window: Anderson's history.
+        t_rowptr: the transposed CSR's row pointers, for a W that is not symmetric.
+        t_col: the transposed CSR's column indices.
+        t_perm: the positions of the transposed CSR's entries in the CSR.
+        diag_index: self-loop positions (:meth:`CSRGraph.diagonal_index`), else computed.
+        host_checks: read the stats on the host to warn (None: whenever
+            :func:`host_reads_allowed`; False: never, so the call does not synchronize).
+        trusted: skip the O(edges) graph check (:func:`dignn_kernels.ops.check_graph`, run
+            once here, never per sweep) for a CSR built by :mod:`dignn_kernels.graph`.
+        storage_dtype: None (everything in x's dtype) or ``torch.bfloat16`` /
+            ``torch.float16``: the iterates of the solve and of its adjoint are stored in that
+            dtype (the last iteration, computed from the last stored iterate, is kept wide)
+            while every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa,
+            chi, the row coefficients and the convergence norms stay wide, and z and the
+            gradients come back in x's dtype. Fixed point only, on a backend that supports it
+            (:func:`dignn_kernels.backends.storage_backends`: all four built in); with
+            ``backend=None`` the first of them available on x's device.
+
+    Returns:
+        (z, stats): Z in x's dtype, and stats = [iterations, residual, relative residual,
+        diverged] (float64, on the device); :func:`backward_stats` gives the same of the
+        adjoint solve once a backward ran.
+
+    Raises:
+        ValueError: a bad argument, named with the fix (an unknown solver or backend, a
+            storage_dtype the solver or backend does not take, a bad scalar, a graph that
+            fails its check, mu whose 1/mu overflows x's dtype).
+        TypeError: an argument that is not a tensor where one is needed.
+        RuntimeError: a backend that does not run on x's device.
+
+    Example:
+        >>> import torch, dignn_kernels as dk
+        >>> g = dk.build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)
+        >>> w, chi, kappa = g.fixed_laplacian("rw", torch.float64)
+        >>> x = torch.eye(3, dtype=torch.float64)
+        >>> z, stats = dk.implicit_diffusion(g.rowptr, g.col, w, x, chi, kappa=kappa, mu=2.2,
+        ...                                  solver="cg", max_iter=50, tol=1e-12)
+        >>> z.shape, bool(stats[2] <= 1e-12)
+        (torch.Size([3, 3]), True)
+    """
     check_tensors(rowptr=rowptr, col=col, edge_value=edge_value, x=x, chi=chi)
     check_flag("trusted", trusted)
     check_flag("host_checks", host_checks, none_ok=True)
     storage_dtype = check_storage_dtype(storage_dtype)
-    if storage_dtype is not None and solver != "fixed_point":
-        raise ValueError(f"storage_dtype={storage_dtype} runs with solver='fixed_point' only "
-                         f"(cg and anderson keep their iterates in the compute dtype); got "
-                         f"solver={solver!r}. Pass solver='fixed_point' or storage_dtype=None.")
+    check_solver_storage(solver, storage_dtype)
     if backend is None:
         if storage_dtype is None:
             backend = "cuda" if x.is_cuda else "cpu"
@@ -484,8 +558,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     check_scalars(mu=mu, eps=eps, max_iter=max_iter, tol=tol)
     if check_every is not None:
         check_every_arg(check_every)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    check_int("window", window, 1)
     if not torch.compiler.is_compiling():
         check_solve_args(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm,
                          diag_index)
