@@ -7,13 +7,15 @@ work a kernel does, one of :data:`ROLES`:
 - ``cached row pass``: a sweep with cached edge weights, of the fixed point or cg's row product
   (CUDA ``row_pass_kernel<T, S, V, G, false, kDots>``, Triton ``_csr_fma_kernel``);
 - ``neural row pass``: the sweep that forms the neural edge weights (paper eq. 13-14) as it
-  goes (``row_pass_kernel<T, S, V, G, true, false>``, ``_neural_weights_kernel``; before
-  2026-11-24 ``_neural_step_kernel``);
+  goes (``row_pass_kernel<T, S, V, G, true, false>``, ``_neural_edge_weights_kernel``; before
+  2026-11-27 ``_neural_weights_kernel``, before 2026-11-24 ``_neural_step_kernel``);
 - ``gradient pass``: the backward's pass over the edges that forms dl/dW per edge from the
   adjoint and the iterate and sums it into the gradients of the projections p, q
-  (``grad_pass_kernel``, ``_weight_grad_kernel``);
+  (``neural_weight_grad_kernel``, ``_neural_weight_grad_kernel``; before 2026-11-27
+  ``grad_pass_kernel``, ``_weight_grad_kernel``);
 - ``combine (heavy rows)``: a heavy row's segment partials summed in a fixed order
-  (``row_combine_kernel``, ``grad_combine_kernel``, the Triton ``_*_combine_kernel``);
+  (``row_combine_kernel``, ``neural_weight_grad_combine_kernel``, the Triton
+  ``_*_combine_kernel``);
 - ``step bookkeeping``: the solver's work between sweeps: norm reductions, the convergence
   stats and flag (``sum_squares_kernel``, ``finalize_step_kernel``; ``_finish_step_kernel`` of
   the Triton backend profiled on 2026-11-23), cg's vector update and dot products
@@ -49,16 +51,14 @@ GOAL_ROLES = ("cached row pass", "neural row pass", "gradient pass")
 # dignn_kernels/solvers/_triton_cg.py. row_pass_kernel is told apart by its template argument.
 _PROJECT_KERNELS = {
     "_csr_fma_kernel": "cached row pass",
-    "_neural_weights_kernel": "neural row pass",
-    "_neural_step_kernel": "neural row pass",  # its name until 2026-11-24
-    "grad_pass_kernel": "gradient pass",
-    "_weight_grad_kernel": "gradient pass",
+    "_neural_edge_weights_kernel": "neural row pass",
+    "neural_weight_grad_kernel": "gradient pass",
+    "_neural_weight_grad_kernel": "gradient pass",
     "row_combine_kernel": "combine (heavy rows)",
-    "grad_combine_kernel": "combine (heavy rows)",
+    "neural_weight_grad_combine_kernel": "combine (heavy rows)",
     "_csr_fma_combine_kernel": "combine (heavy rows)",
-    "_neural_weights_combine_kernel": "combine (heavy rows)",
-    "_neural_combine_kernel": "combine (heavy rows)",  # its name until 2026-11-24
-    "_weight_grad_combine_kernel": "combine (heavy rows)",
+    "_neural_edge_weights_combine_kernel": "combine (heavy rows)",
+    "_neural_weight_grad_combine_kernel": "combine (heavy rows)",
     "sum_squares_kernel": "step bookkeeping",
     "finalize_step_kernel": "step bookkeeping",
     "_finish_step_kernel": "step bookkeeping",
@@ -71,6 +71,18 @@ _PROJECT_KERNELS = {
     "schedule_fill_kernel": "other",
     "row_coefficients_kernel": "other",
     "row_sums_kernel": "other",
+}
+# The names older profiles print (bench/results): the same kernels, renamed after their ops
+# on 2026-11-27 (before 2026-11-24 the neural Triton kernels were _neural_step/_neural_combine).
+_FORMER_NAMES = {
+    "_neural_weights_kernel": "_neural_edge_weights_kernel",
+    "_neural_step_kernel": "_neural_edge_weights_kernel",
+    "grad_pass_kernel": "neural_weight_grad_kernel",
+    "_weight_grad_kernel": "_neural_weight_grad_kernel",
+    "grad_combine_kernel": "neural_weight_grad_combine_kernel",
+    "_neural_weights_combine_kernel": "_neural_edge_weights_combine_kernel",
+    "_neural_combine_kernel": "_neural_edge_weights_combine_kernel",
+    "_weight_grad_combine_kernel": "_neural_weight_grad_combine_kernel",
 }
 _ROW_PASS = "row_pass_kernel"
 # row_pass_kernel's template arguments (plain, no nesting): its first boolean one is kNeural
@@ -103,7 +115,7 @@ def _qualified_name(name: str):
 def kernel_role(name: str) -> str:
     """The role (one of :data:`ROLES`) of a kernel or operator as torch.profiler names it."""
     parts = _qualified_name(name)
-    kernel = parts[-1]
+    kernel = _FORMER_NAMES.get(parts[-1], parts[-1])
     if kernel == _ROW_PASS:
         return "neural row pass" if _neural_row_pass(name) else "cached row pass"
     if kernel in _PROJECT_KERNELS:

@@ -43,6 +43,12 @@ CURRENT_NAMES = [
      "RowPassArgs<double, double>)", "neural row pass"),
     ("void dignn::cuda::row_pass_kernel<float, c10::BFloat16, 4, 8, false, false>(dignn::"
      "cuda::RowPassArgs<float, c10::BFloat16>)", "cached row pass"),
+    ("void dignn::cuda::neural_weight_grad_kernel<float, float, 4, 8, true>(dignn::cuda::"
+     "NeuralWeightGradArgs<float, float>)", "gradient pass"),
+    ("void dignn::cuda::neural_weight_grad_combine_kernel<float, float>(dignn::cuda::"
+     "NeuralWeightGradArgs<float, float>)", "combine (heavy rows)"),
+    ("_neural_edge_weights_kernel", "neural row pass"),
+    ("_neural_weight_grad_kernel", "gradient pass"),
     ("void dignn::cuda::row_product_dots_kernel<float>(double const*, long, dignn::cuda::"
      "ScheduleView, float const*, float const*, long, double const*, float*)",
      "step bookkeeping"),
@@ -106,7 +112,7 @@ def test_every_cuda_kernel_has_a_role():
     sources = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
     names = {name for path in sources.glob("*") for name in
              re.findall(r"DIGNN_KERNEL\(\w+\)\s+(\w+)\(", path.read_text())}
-    assert {"row_pass_kernel", "row_product_dots_kernel", "grad_pass_kernel"} <= names
+    assert {"row_pass_kernel", "row_product_dots_kernel", "neural_weight_grad_kernel"} <= names
     known = set(kernel_times._PROJECT_KERNELS) | {kernel_times._ROW_PASS}
     assert sorted(names - known) == []
 

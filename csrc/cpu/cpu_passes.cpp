@@ -40,20 +40,20 @@ std::pair<at::Tensor, at::Tensor> CpuPasses::coefficients(const at::Tensor& chi,
                                                           const at::Tensor& kappa,
                                                           double inv_mu) const {
   at::Tensor cy = at::empty_like(chi);
-  at::Tensor ca = at::empty_like(chi);
+  at::Tensor rs = at::empty_like(chi);
   AT_DISPATCH_FLOATING_TYPES(chi.scalar_type(), "row_coefficients", [&] {
     const scalar_t* c = chi.data_ptr<scalar_t>();
     const scalar_t* k = kappa.data_ptr<scalar_t>();
     scalar_t* y = cy.data_ptr<scalar_t>();
-    scalar_t* a = ca.data_ptr<scalar_t>();
+    scalar_t* a = rs.data_ptr<scalar_t>();
     const scalar_t im = static_cast<scalar_t>(inv_mu);
     int64_t bad = -1;  // a row whose coefficients overflow (finite chi, kappa, 1/mu)
     for (int64_t i = 0; i < chi.numel(); ++i) {
       const RowCoefficients<scalar_t> rc = row_coefficients(c[i], k[i], im);
       y[i] = rc.cy;
-      a[i] = rc.ca;
+      a[i] = rc.rs;
       if (bad < 0 && std::isfinite(c[i]) && std::isfinite(k[i]) &&
-          !(std::isfinite(rc.ca) && std::isfinite(rc.cy))) {
+          !(std::isfinite(rc.rs) && std::isfinite(rc.cy))) {
         bad = i;
       }
     }
@@ -67,7 +67,7 @@ std::pair<at::Tensor, at::Tensor> CpuPasses::coefficients(const at::Tensor& chi,
                       "Z = X - (1/mu) Delta Z overflow. Compute in torch.float64, raise mu, or "
                       "raise the smallest chi.");
   });
-  return {cy, ca};
+  return {cy, rs};
 }
 
 }  // namespace cpu

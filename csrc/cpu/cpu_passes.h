@@ -58,6 +58,15 @@ class CpuPasses {
 
   explicit CpuPasses(const at::Tensor&) {}
 
+  // Anderson's record (the op anderson_record) runs here only: a GPU solve takes the Triton
+  // record (dignn_kernels.solvers.anderson_update).
+  static constexpr bool kAndersonRecord = true;
+  void anderson_record(const at::Tensor& gy_new, const at::Tensor& y_new, const at::Tensor& f,
+                       const at::Tensor& gy, at::Tensor& f_new, at::Tensor& d_f,
+                       at::Tensor& d_g, int64_t slot, int64_t count, at::Tensor& sums) const {
+    cpu::anderson_record(gy_new, y_new, f, gy, f_new, d_f, d_g, slot, count, sums);
+  }
+
   Csr csr(const at::Tensor& rowptr, const at::Tensor& col) const {
     return {rowptr.contiguous(), col.contiguous()};
   }
@@ -107,10 +116,10 @@ class CpuPasses {
                     Residual& residual) const {
     return row_step(csr, map, y, residual);
   }
-  void weight_grads(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
-                    const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
-                    at::Tensor& grad_q) const {
-    grad_pass(csr, t_csr, edges, t_a, grad, grad_p, grad_q);
+  void neural_weight_grad(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
+                          const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
+                          at::Tensor& grad_q) const {
+    cpu::neural_weight_grad(csr, t_csr, edges, t_a, grad, grad_p, grad_q);
   }
 
   Residual first_iteration(const at::Tensor& b, double tol) const { return Residual(b, tol); }

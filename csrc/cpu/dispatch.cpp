@@ -149,9 +149,9 @@ StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
   return norms;
 }
 
-void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
-               const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
-               at::Tensor& grad_q) {
+void neural_weight_grad(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
+                        const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
+                        at::Tensor& grad_q) {
   const at::ScalarType compute = edges.a.scalar_type();
   const at::Tensor none;
   const at::Tensor& t_rowptr = t_csr != nullptr ? t_csr->rowptr : none;
@@ -159,10 +159,10 @@ void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
   const auto run = [&](auto compute_tag, auto storage_tag) {
     using scalar_t = decltype(compute_tag);
     using storage_t = decltype(storage_tag);
-    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "grad_pass", [&] {
+    AT_DISPATCH_INDEX_TYPES(csr.col.scalar_type(), "neural_weight_grad", [&] {
       [&] {
-        DIGNN_CALL_ISA(grad_pass_t, DIGNN_TARGS_STORED, csr.rowptr.data_ptr<int64_t>(),
-                       csr.col.data_ptr<index_t>(),
+        DIGNN_CALL_ISA(neural_weight_grad_t, DIGNN_TARGS_STORED,
+                       csr.rowptr.data_ptr<int64_t>(), csr.col.data_ptr<index_t>(),
                        edges.a.data_ptr<scalar_t>(), edges.p.data_ptr<scalar_t>(),
                        edges.q.data_ptr<scalar_t>(), csr.rowptr.numel() - 1, edges.p.size(1),
                        static_cast<scalar_t>(edges.eps), ptr_or_null<storage_t>(grad.z),
@@ -175,8 +175,8 @@ void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
     });
   };
   // z and v in the compute dtype, or in one 16-bit dtype (csrc/ops/storage.h)
-  ops::dispatch_stored(compute, grad.given() ? compute : grad.z.scalar_type(), "grad_pass",
-                       run);
+  ops::dispatch_stored(compute, grad.given() ? compute : grad.z.scalar_type(),
+                       "neural_weight_grad", run);
 }
 
 void anderson_record(const at::Tensor& gy_new, const at::Tensor& y_new, const at::Tensor& f,

@@ -24,15 +24,15 @@ struct StepNorms {
 };
 
 // W_k and kappa_i = sum_k W_k (eq. 13-14). With `step`, the fused forward pass: it also writes
-// z.next_i = b_i + cy_i z.current_i + ca_i (W z.current)_i with the coefficients made from
+// z.next_i = b_i + cy_i z.current_i + rs_i (W z.current)_i with the coefficients made from
 // chi, the new kappa and inv_mu (row_coefficients), and returns the step norms.
 StepNorms neural_edge_pass(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
                            at::Tensor& kappa, const NeuralStep* step, const Iterates* z);
 
 // One fixed-point pass with cached edge weights (RowMap):
 //   out_i = b_i + cy_i y_i + rs_i * sum_k w_k y_{col_k}      (rs undefined: 1)
-// Forward:  b = X, rs = ca, w = W                 (CSR of W)
-// Adjoint:  b = g, rs = 1,  w = W^T_ji ca_j       (CSR of W^T, scaled once per backward)
+// Forward:  b = X, rs = rs, w = W                 (CSR of W)
+// Adjoint:  b = g, rs = 1,  w = W^T_ji rs_j       (CSR of W^T, scaled once per backward)
 // out in y's dtype, or in the compute dtype (w's) from 16-bit y (a 16-bit solve's wide last
 // iteration).
 StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
@@ -43,8 +43,9 @@ StepNorms row_pass(const Csr& csr, const RowMap& map, const at::Tensor& y,
 // t_a: the edge values in its order) the second-argument terms are gathered in the transposed
 // row (directed graphs); without it the graph must be symmetric and both terms come from
 // row i.
-void grad_pass(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges, const at::Tensor& t_a,
-               const EdgeGradient& grad, at::Tensor& grad_p, at::Tensor& grad_q);
+void neural_weight_grad(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
+                        const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
+                        at::Tensor& grad_q);
 
 // Anderson's record (passes_impl.h, anderson_record_t): writes f_new, the window's slot `slot`
 // of d_f and d_g, and sums ([1 + 2 count, d] float64). Arguments as check_anderson_record_args

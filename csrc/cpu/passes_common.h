@@ -52,10 +52,10 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
                                           O*);
 #define DIGNN_ROW_GRAD_SIGNATURES(PREFIX, T, I, S)                                            \
   DIGNN_ROW_PASS_SIGNATURE(PREFIX, T, I, S, S)                                                \
-  PREFIX void grad_pass_t<T, I, S>(const int64_t*, const I*, const T*, const T*, const T*,     \
-                                   int64_t, int64_t, T, const S*, const S*, int64_t,           \
-                                   const T*, const int64_t*, const I*, const T*, const T*, T*, \
-                                   T*);
+  PREFIX void neural_weight_grad_t<T, I, S>(const int64_t*, const I*, const T*, const T*,     \
+                                            const T*, int64_t, int64_t, T, const S*, const S*, \
+                                            int64_t, const T*, const int64_t*, const I*,       \
+                                            const T*, const T*, T*, T*);
 
 #define DIGNN_RECORD_SIGNATURE(PREFIX, T)                                                 \
   PREFIX void anderson_record_t<T>(const T*, const T*, const T*, const T*, T*, T*, T*,   \
@@ -95,6 +95,6 @@ inline StepNorms reduce_norms(const std::vector<StepNorms>& parts) {
   StepNorms row_pass_t(const int64_t*, const I*, const T*, const T*, const T*, const T*,     \
                        const S*, int64_t, int64_t, O*);                                     \
   template <typename T, typename I, typename S>                                              \
-  void grad_pass_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t, int64_t, \
-                   T, const S*, const S*, int64_t, const T*, const int64_t*, const I*,       \
-                   const T*, const T*, T*, T*);
+  void neural_weight_grad_t(const int64_t*, const I*, const T*, const T*, const T*, int64_t,  \
+                            int64_t, T, const S*, const S*, int64_t, const T*, const int64_t*, \
+                            const I*, const T*, const T*, T*, T*);

@@ -401,7 +401,7 @@ inline typename Stored<S>::T edge_grad_dot(const S* __restrict__ a_i, const S* _
 }
 
 // ------------------------------------------------------------------ the row step --
-// out_i = b_i + cy y_i + ca sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
+// out_i = b_i + cy y_i + rs sum_k w_k y_j over channels [c0, c0 + NV * lanes), and the
 // block's ||out_i - y_i||^2, ||out_i||^2 (of out_i as stored: the solvers' loop's norms of
 // its iterates). y is stored as S (16-bit storage: widened on load), out as O: S (rounded on
 // the store) or, for the wide last iteration of a 16-bit solve, the compute dtype T; b is in T.
@@ -409,7 +409,7 @@ template <int NV, typename S, typename I, typename O, typename T = typename Stor
 inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
                        const S* __restrict__ y_i, int64_t d, int64_t c0,
                        const I* __restrict__ col, const T* __restrict__ w, int64_t k0,
-                       int64_t k1, T cy, T ca, O* __restrict__ out_i, T& diff_sq,
+                       int64_t k1, T cy, T rs, O* __restrict__ out_i, T& diff_sq,
                        T& out_sq) {
   static_assert(std::is_same<typename Stored<O>::T, T>::value, "out in S or in T");
   using V = Simd<T>;
@@ -429,13 +429,13 @@ inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) acc[v] += wk * L::load(y_j + v * V::kLanes);
   }
-  const typename V::vec vcy = V::splat(cy), vca = V::splat(ca);
+  const typename V::vec vcy = V::splat(cy), vrs = V::splat(rs);
   typename V::vec ds{}, os{};
 #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) {
     const int64_t c = c0 + v * V::kLanes;
     const typename V::vec yi = L::load(y_i + c);
-    const typename V::vec o = V::load(b_i + c) + vcy * yi + vca * acc[v];
+    const typename V::vec o = V::load(b_i + c) + vcy * yi + vrs * acc[v];
     LO::store(out_i + c, o);
     const typename V::vec r = LO::reload(out_i + c, o);
     const typename V::vec t = r - yi;
@@ -449,19 +449,19 @@ inline void step_block(const T* __restrict__ b_i, const S* __restrict__ y,
 template <typename S, typename I, typename O, typename T = typename Stored<S>::T>
 inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
                      const S* __restrict__ y_i, int64_t d, const I* __restrict__ col,
-                     const T* __restrict__ w, int64_t k0, int64_t k1, T cy, T ca,
+                     const T* __restrict__ w, int64_t k0, int64_t k1, T cy, T rs,
                      O* __restrict__ out_i, T& diff_sq, T& out_sq) {
   using V = Simd<T>;
   using L = Stored<S>;
   using LO = Stored<O>;
   int64_t c0 = 0;
   for (; c0 + V::kBlock <= d; c0 += V::kBlock) {
-    step_block<V::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq);
+    step_block<V::kAcc>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, rs, out_i, diff_sq, out_sq);
   }
   switch ((d - c0) / V::kLanes) {  // whole vectors left: a shorter block
 #define DIGNN_STEP_TAIL(NV)                                                            \
   case NV:                                                                             \
-    step_block<NV>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, ca, out_i, diff_sq, out_sq); \
+    step_block<NV>(b_i, y, y_i, d, c0, col, w, k0, k1, cy, rs, out_i, diff_sq, out_sq); \
     c0 += NV * V::kLanes;                                                              \
     break;
     DIGNN_STEP_TAIL(1)
@@ -482,7 +482,7 @@ inline void step_row(const T* __restrict__ b_i, const S* __restrict__ y,
       acc += w[k] * L::load_one(y + j * d + c0);
     }
     const T yi = L::load_one(y_i + c0);
-    const T o = b_i[c0] + cy * yi + ca * acc;
+    const T o = b_i[c0] + cy * yi + rs * acc;
     LO::store_one(out_i + c0, o);
     const T r = LO::reload_one(out_i + c0, o);
     const T t = r - yi;
@@ -526,7 +526,7 @@ StepNorms neural_edge_pass_t(const int64_t* rowptr, const I* col, const T* a, co
       if (z_next != nullptr) {  // fused: this row's step with the weights just made
         const RowCoefficients<T> rc = row_coefficients(chi[i], row_sum, inv_mu);
         T ds = 0, os = 0;
-        step_row(x + i * d, z, z + i * d, d, col, w, k0, k1, rc.cy, rc.ca, z_next + i * d, ds,
+        step_row(x + i * d, z, z + i * d, d, col, w, k0, k1, rc.cy, rc.rs, z_next + i * d, ds,
                  os);
         local.diff_sq += ds;
         local.out_sq += os;
@@ -634,10 +634,10 @@ struct EdgeScratch {
 
 // z and v stored as S (the compute dtype T, or 16 bits with T = float).
 template <typename T, typename I, typename S>
-void grad_pass_t(const int64_t* rowptr, const I* col, const T* a, const T* p, const T* q,
-                 int64_t n, int64_t h, T eps, const S* z, const S* v, int64_t d, const T* gw,
-                 const int64_t* t_rowptr, const I* t_col, const T* t_a, const T* t_gw,
-                 T* grad_p, T* grad_q) {
+void neural_weight_grad_t(const int64_t* rowptr, const I* col, const T* a, const T* p,
+                          const T* q, int64_t n, int64_t h, T eps, const S* z, const S* v,
+                          int64_t d, const T* gw, const int64_t* t_rowptr, const I* t_col,
+                          const T* t_a, const T* t_gw, T* grad_p, T* grad_q) {
   const bool transposed = t_rowptr != nullptr;
   const RowChunks chunks = balanced_row_chunks(rowptr, n);
   parallel_for_rows(chunks, [&](int64_t, int64_t row_begin, int64_t row_end) {

@@ -99,6 +99,8 @@ class DevicePasses {
 
   explicit DevicePasses(const at::Tensor& like) : scope_(like) {}
 
+  static constexpr bool kAndersonRecord = false;  // the GPU solves take the Triton record
+
   Csr csr(const at::Tensor& rowptr, const at::Tensor& col) const {
     return make_device_csr(rowptr, col, stream());
   }
@@ -145,15 +147,15 @@ class DevicePasses {
   std::pair<at::Tensor, at::Tensor> coefficients(const at::Tensor& chi, const at::Tensor& kappa,
                                                  double inv_mu) const {
     at::Tensor cy = at::empty_like(chi, at::MemoryFormat::Contiguous);
-    at::Tensor ca = at::empty_like(chi, at::MemoryFormat::Contiguous);
+    at::Tensor rs = at::empty_like(chi, at::MemoryFormat::Contiguous);
     AT_DISPATCH_FLOATING_TYPES(chi.scalar_type(), "row_coefficients", [&] {
       check_status(launch_row_coefficients<scalar_t>(
                        chi.data_ptr<scalar_t>(), kappa.data_ptr<scalar_t>(),
                        static_cast<scalar_t>(inv_mu), chi.numel(), cy.data_ptr<scalar_t>(),
-                       ca.data_ptr<scalar_t>(), stream()),
+                       rs.data_ptr<scalar_t>(), stream()),
                    "row_coefficients");
     });
-    return {cy, ca};
+    return {cy, rs};
   }
 
   void edge_weights(const Csr& csr, const NeuralEdges& edges, at::Tensor& w,
@@ -210,9 +212,9 @@ class DevicePasses {
 
   // Symmetric graph (t_csr null): one pass over the CSR, both terms of every edge in its row.
   // Directed: the CSR's rows, then the transposed CSR's, accumulated.
-  void weight_grads(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
-                    const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
-                    at::Tensor& grad_q) const {
+  void neural_weight_grad(const Csr& csr, const Csr* t_csr, const NeuralEdges& edges,
+                          const at::Tensor& t_a, const EdgeGradient& grad, at::Tensor& grad_p,
+                          at::Tensor& grad_q) const {
     const int first = grad.given() ? kEdgeGradGiven
                                    : (t_csr != nullptr ? kEdgeGradOut : kEdgeGradSymmetric);
     gradient_pass(csr, edges.a, edges, first, grad.grad_w, grad, false, grad_p, grad_q);
@@ -253,7 +255,7 @@ class DevicePasses {
     return pass;
   }
 
-  // One gradient pass (grad_pass_impl.cuh) over a CSR: `mode` says how dl/dW is known
+  // One gradient pass (neural_weight_grad_impl.cuh) over a CSR: `mode` says how dl/dW is known
   // (EdgeGradMode, launch.h), `given` holds it per edge for kEdgeGradGiven; a: the edge values
   // in this CSR's order; accumulate: add to grad_p and grad_q. A formed dl/dW's z and v are in
   // the compute dtype (p's) or both in one 16-bit dtype (float32 compute).
@@ -274,7 +276,7 @@ class DevicePasses {
     const auto run = [&](auto compute_tag, auto storage_tag) {
       using T = decltype(compute_tag);
       using S = decltype(storage_tag);
-      GradPassArgs<T, S> A;
+      NeuralWeightGradArgs<T, S> A;
       A.rowptr = csr.rowptr.data_ptr<int64_t>();
       A.col = csr.col.data_ptr<int32_t>();
       A.n = csr.n;
@@ -296,10 +298,10 @@ class DevicePasses {
       A.partial = partial.data_ptr<T>();
       A.edge_scratch = data_or_null<T>(scratch);
       A.plan = plan;
-      check_status(launch_grad_pass<T, S>(A, stream()), "grad_pass");
+      check_status(launch_neural_weight_grad<T, S>(A, stream()), "neural_weight_grad");
     };
     ops::dispatch_stored(p.scalar_type(), formed ? grad.z.scalar_type() : p.scalar_type(),
-                         "grad_pass", run);
+                         "neural_weight_grad", run);
   }
 
   DeviceScope scope_;

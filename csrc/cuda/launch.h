@@ -155,7 +155,7 @@ enum EdgeGradMode : int {
 //   grad_p_i (+)= sum_k cp_k p_{j_k},  grad_q_i (+)= sum_k cq_k (q_i - q_{j_k}),
 //   cp = G dW/dpi,  cq = G (dW/drho) / rho.  z and v are stored as S.
 template <typename T, typename S = T>
-struct GradPassArgs {
+struct NeuralWeightGradArgs {
   const int64_t* rowptr = nullptr;
   const int32_t* col = nullptr;
   int64_t n = 0, m = 0;
@@ -184,7 +184,7 @@ DIGNN_HOST_DEV int64_t grad_partial_stride(int64_t h) { return 2 * h + 4; }
 template <typename T, typename S, typename O>
 int launch_row_pass(const RowPassArgs<T, S, O>& args, simt::Stream stream);
 template <typename T, typename S>
-int launch_grad_pass(const GradPassArgs<T, S>& args, simt::Stream stream);
+int launch_neural_weight_grad(const NeuralWeightGradArgs<T, S>& args, simt::Stream stream);
 // Their instantiations for float and double, and float with 16-bit storage, each in its own .cu
 // file (compiled in parallel).
 #define DIGNN_INSTANTIATE_PASS_LAUNCHER(LAUNCHER, ARGS)                                     \
@@ -207,7 +207,7 @@ int launch_schedule_counts(const int64_t* rowptr, int64_t n, int64_t* counts,
 int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* segment_row,
                          int32_t* heavy_row, simt::Stream stream);
 template <typename T>
-int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
+int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* rs,
                             simt::Stream stream);
 template <typename T>
 int launch_row_sums(const int64_t* rowptr, const T* values, int64_t n, T* out,

@@ -1,8 +1,8 @@
-// The gradient pass kernels, compiled for each dtype (grad_pass_impl.cuh).
-#include "cuda/grad_pass_impl.cuh"
+// The gradient pass kernels, compiled for each dtype (neural_weight_grad_impl.cuh).
+#include "cuda/neural_weight_grad_impl.cuh"
 
 namespace dignn {
 namespace DIGNN_SIMT_NS {
-DIGNN_INSTANTIATE_PASS_LAUNCHER(launch_grad_pass, GradPassArgs)
+DIGNN_INSTANTIATE_PASS_LAUNCHER(launch_neural_weight_grad, NeuralWeightGradArgs)
 }  // namespace DIGNN_SIMT_NS
 }  // namespace dignn

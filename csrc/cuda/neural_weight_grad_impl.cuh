@@ -24,7 +24,7 @@ struct GradEdgeSlot {
 // kEdgeGradSymmetric, kEdgeGradOut, kEdgeGradIn; both stored as S), else given per edge
 // (kEdgeGradGiven); a compile-time choice, so that neither kernel holds the other's registers.
 template <typename T, typename S, int V, int G, bool kFormed>
-DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T, S> A) {
+DIGNN_KERNEL(kCudaBlockThreads) neural_weight_grad_kernel(const NeuralWeightGradArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / G;
   constexpr int64_t kBlockVecs = G * kCudaVecsPerLane;
   constexpr int U = kCudaGradUnroll;
@@ -227,7 +227,8 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_pass_kernel(const GradPassArgs<T, S> A) {
 
 // Finishes the heavy rows: one warp per row sums its segments' partials in segment order.
 template <typename T, typename S>
-DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T, S> A) {
+DIGNN_KERNEL(kCudaBlockThreads)
+    neural_weight_grad_combine_kernel(const NeuralWeightGradArgs<T, S> A) {
   constexpr int kGroups = kCudaBlockThreads / 32;
   const int lane = simt::thread_idx() & 31;
   const int64_t index = simt::block_idx() * kGroups + simt::thread_idx() / 32;
@@ -257,19 +258,19 @@ DIGNN_KERNEL(kCudaBlockThreads) grad_combine_kernel(const GradPassArgs<T, S> A) 
 // The segment kernel, then the heavy-row kernel. The kernels of a given dl/dW (no z, v) are
 // compiled for S == T only.
 template <typename T, typename S>
-int launch_grad_pass(const GradPassArgs<T, S>& A, simt::Stream stream) {
+int launch_neural_weight_grad(const NeuralWeightGradArgs<T, S>& A, simt::Stream stream) {
   constexpr bool kGivenToo = std::is_same<S, T>::value;
   const bool formed = A.mode != kEdgeGradGiven;
   if (!formed && !kGivenToo) return 1;  // cudaErrorInvalidValue
   const int status = launch_with_shape<T>(A.plan, [&](auto vec, auto group) {
     constexpr int V = decltype(vec)::value, G = decltype(group)::value;
-    const auto kernel = formed ? &grad_pass_kernel<T, S, V, G, true>
-                               : &grad_pass_kernel<T, S, V, G, !kGivenToo>;
+    const auto kernel = formed ? &neural_weight_grad_kernel<T, S, V, G, true>
+                               : &neural_weight_grad_kernel<T, S, V, G, !kGivenToo>;
     return simt::launch(kernel, A.plan.main_blocks, kCudaBlockThreads, stream, A);
   });
   if (status != 0) return status;
-  return simt::launch(&grad_combine_kernel<T, S>, A.plan.combine_blocks, kCudaBlockThreads,
-                      stream, A);
+  return simt::launch(&neural_weight_grad_combine_kernel<T, S>, A.plan.combine_blocks,
+                      kCudaBlockThreads, stream, A);
 }
 
 }  // namespace DIGNN_SIMT_NS

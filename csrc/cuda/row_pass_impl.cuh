@@ -182,7 +182,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_pass_kernel(const RowPassArgs<T, S, O> A) {
             if (A.chi != nullptr) {
               const RowCoefficients<T> rc = row_coefficients(A.chi[i], kappa, A.inv_mu);
               cy = rc.cy;
-              rs = rc.ca;
+              rs = rc.rs;
             }
           } else if (lane == 0) {
             A.partial_kappa[sg.slot] = kappa;
@@ -271,7 +271,7 @@ DIGNN_KERNEL(kCudaBlockThreads) row_combine_kernel(const RowPassArgs<T, S, O> A)
       if (A.chi != nullptr) {
         const RowCoefficients<T> rc = row_coefficients(A.chi[i], kappa, A.inv_mu);
         cy = rc.cy;
-        rs = rc.ca;
+        rs = rc.rs;
       }
     } else {
       cy = A.cy[i];

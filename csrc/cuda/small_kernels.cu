@@ -17,9 +17,9 @@ int launch_schedule_fill(const int64_t* incl, int64_t n, int32_t* segment_row,
 }
 
 template <typename T>
-int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
+int launch_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* rs,
                             simt::Stream stream) {
-  return run_row_coefficients<T>(chi, kappa, inv_mu, n, cy, ca, stream);
+  return run_row_coefficients<T>(chi, kappa, inv_mu, n, cy, rs, stream);
 }
 
 template <typename T>

@@ -36,12 +36,12 @@ DIGNN_KERNEL(kCudaReduceThreads) schedule_fill_kernel(const int64_t* incl, int64
 
 template <typename T>
 DIGNN_KERNEL(kCudaReduceThreads) row_coefficients_kernel(const T* chi, const T* kappa,
-                                                         T inv_mu, int64_t n, T* cy, T* ca) {
+                                                         T inv_mu, int64_t n, T* cy, T* rs) {
   const int64_t i = simt::block_idx() * kCudaReduceThreads + simt::thread_idx();
   if (i >= n) return;
   const RowCoefficients<T> rc = row_coefficients(chi[i], kappa[i], inv_mu);
   cy[i] = rc.cy;
-  ca[i] = rc.ca;
+  rs[i] = rc.rs;
 }
 
 // out_i = sum_k values_k over row i; one warp per row, lane-strided then a fixed butterfly.
@@ -186,10 +186,10 @@ DIGNN_KERNEL(kCudaReduceThreads) row_product_dots_kernel(const double* dots, int
 }
 
 template <typename T>
-int run_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* ca,
+int run_row_coefficients(const T* chi, const T* kappa, T inv_mu, int64_t n, T* cy, T* rs,
                          simt::Stream stream) {
   return simt::launch(&row_coefficients_kernel<T>, ceil_div(n, kCudaReduceThreads),
-                      kCudaReduceThreads, stream, chi, kappa, inv_mu, n, cy, ca);
+                      kCudaReduceThreads, stream, chi, kappa, inv_mu, n, cy, rs);
 }
 
 template <typename T>

@@ -23,17 +23,17 @@
 //
 // Forward fixed point (eq. iter), Z_0 = 0:
 //   Z_{t+1} = X - (1/mu) Delta Z_t,  row by row:
-//   z_i <- x_i + cy_i z_i + ca_i (W Z)_i,  ca_i = 1/(mu chi_i),  cy_i = -kappa_i ca_i.
+//   z_i <- x_i + cy_i z_i + rs_i (W Z)_i,  rs_i = 1/(mu chi_i),  cy_i = -kappa_i rs_i.
 // Guard: a row with chi_i <= kChiFloor (chi_i = 0 happens for an all-zero feature row or an
 // isolated node) has no mass in the vertex Hilbert space; 0/0 is taken as 0, so the row does
-// not diffuse: ca_i = cy_i = 0 and z_i = x_i. For the neural Laplacian chi_i = 0 already
+// not diffuse: rs_i = cy_i = 0 and z_i = x_i. For the neural Laplacian chi_i = 0 already
 // forces W_ij = 0 on the whole row (p_i = 0 gives phi_ij = 0), so the guard only fixes 0/0.
 //
 // Backward by implicit differentiation (appendix "Training for DIGNNs"): with
-// F(Z) = X + cy.Z + ca.(W Z), the adjoint u = dl/dX solves u = g + (dF/dZ)^T u, i.e.
-//   u <- g + cy.u + W^T (ca.u)           (the paper's u = g - (1/mu) Delta^T u)
+// F(Z) = X + cy.Z + rs.(W Z), the adjoint u = dl/dX solves u = g + (dF/dZ)^T u, i.e.
+//   u <- g + cy.u + W^T (rs.u)           (the paper's u = g - (1/mu) Delta^T u)
 // iterated from u_0 = 0 with the same kind of CSR pass (on W^T, which is W itself when the
-// graph is symmetric). Then, with v = ca.u:
+// graph is symmetric). Then, with v = rs.u:
 //   dl/dx_i     = u_i
 //   dl/dchi_i   = u_i . (x_i - z_i) / chi_i        (0 on guarded rows)
 //   dl/dW_ij    = G_ij = v_i . (z_j - z_i)
@@ -156,21 +156,21 @@ DIGNN_HOST_DEVICE EdgeGradScalars<T> neural_edge_grad_scalars(T a, T g, T pi, T 
 
 // ---------------------------------------------------------- the fixed-point map --
 
-// Row coefficients of the fixed-point map: z_i <- x_i + cy z_i + ca (W Z)_i.
+// Row coefficients of the fixed-point map: z_i <- x_i + cy z_i + rs (W Z)_i.
 template <typename T>
 struct RowCoefficients {
   T cy;  // -kappa_i / (mu chi_i)
-  T ca;  //  1 / (mu chi_i)
+  T rs;  //  1 / (mu chi_i)
 };
 
 template <typename T>
 DIGNN_HOST_DEVICE RowCoefficients<T> row_coefficients(T chi, T kappa, T inv_mu) {
   RowCoefficients<T> c;
   if (chi > T(kChiFloor)) {
-    c.ca = inv_mu / chi;
-    c.cy = -kappa * c.ca;
+    c.rs = inv_mu / chi;
+    c.cy = -kappa * c.rs;
   } else {  // guard: 0/0 := 0, the row keeps z_i = x_i
-    c.ca = T(0);
+    c.rs = T(0);
     c.cy = T(0);
   }
   return c;

@@ -63,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor> neural_edge_weights_backward(
   const at::Tensor perm = t_perm.contiguous();
   const typename Passes::Csr csr = passes.csr(rowptr.contiguous(), col);
   const typename Passes::Csr t_csr = passes.csr(t_rowptr.contiguous(), t_col);
-  passes.weight_grads(csr, &t_csr, edges, edges.a.index_select(0, perm),
-                      EdgeGradient::per_edge(gw, gw.index_select(0, perm)), grad_p, grad_q);
+  passes.neural_weight_grad(csr, &t_csr, edges, edges.a.index_select(0, perm),
+                            EdgeGradient::per_edge(gw, gw.index_select(0, perm)), grad_p, grad_q);
   return {grad_p, grad_q};
 }
 
@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> neural_weight_grad(
   if (t.defined()) t_csr.emplace(passes.csr(t.rowptr, t.col));
   const EdgeGradient grad = stored_edge_gradient(
       EdgeGradient::from_adjoint(z.contiguous(), v.contiguous()), a.scalar_type());
-  weight_grads_from_adjoint(
+  neural_weight_grad_from_adjoint(
       passes, csr, t_csr ? &*t_csr : nullptr, t,
       with_compute_projections(NeuralEdges{a.contiguous(), p.contiguous(), q.contiguous(), eps}),
       grad.z, grad.v, grad_p, grad_q);
@@ -149,15 +149,32 @@ at::Tensor diffusion_step(const at::Tensor& rowptr, const at::Tensor& col, const
                           const at::Tensor& z, double mu) {
   const int64_t n = check_diffusion_step_args(rowptr, col, w, chi, kappa, x, z, mu);
   const Passes passes(x);
-  at::Tensor cy, ca;
-  std::tie(cy, ca) = passes.coefficients(chi.contiguous(), kappa.contiguous(),
+  at::Tensor cy, rs;
+  std::tie(cy, rs) = passes.coefficients(chi.contiguous(), kappa.contiguous(),
                                          checked_inverse_mu(mu, x.scalar_type()));
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   if (n > 0) {
     passes.row_pass(passes.csr(rowptr.contiguous(), col),
-                    RowMap{w.contiguous(), x.contiguous(), cy, ca}, z.contiguous(), out);
+                    RowMap{w.contiguous(), x.contiguous(), cy, rs}, z.contiguous(), out);
   }
   return out;
+}
+
+// Anderson's record (dignn_kernels/solvers/anderson_update.py, AndersonVectors.record): f_new,
+// the window's slot `slot` of d_f and d_g, and the float64 sums of the window's Gram system,
+// in one pass; on a Passes with kAndersonRecord only (the CPU's).
+template <typename Passes>
+std::tuple<at::Tensor, at::Tensor> anderson_record(const at::Tensor& gy_new,
+                                                   const at::Tensor& y_new, const at::Tensor& f,
+                                                   const at::Tensor& gy, at::Tensor& d_f,
+                                                   at::Tensor& d_g, int64_t slot,
+                                                   int64_t count) {
+  check_anderson_record_args(gy_new, y_new, f, gy, d_f, d_g, slot, count);
+  at::Tensor f_new = at::empty_like(gy_new);
+  at::Tensor sums =
+      at::empty({1 + 2 * count, gy_new.size(1)}, gy_new.options().dtype(at::kDouble));
+  Passes(gy_new).anderson_record(gy_new, y_new, f, gy, f_new, d_f, d_g, slot, count, sums);
+  return {f_new, sums};
 }
 
 }  // namespace ops

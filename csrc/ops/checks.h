@@ -240,15 +240,27 @@ inline int64_t check_diffusion_step_args(const at::Tensor& rowptr, const at::Ten
   return n;
 }
 
+// The graph with its edge values, and a signal y (n x d) that may be stored in 16 bits; sets
+// n and returns what the other arguments' dtype must match: the values (the compute dtype)
+// for a 16-bit y, else y.
+inline const at::Tensor& check_stored_signal(const at::Tensor& rowptr, const at::Tensor& col,
+                                             const at::Tensor& values, const char* values_name,
+                                             const at::Tensor& y, const char* y_name,
+                                             int64_t& n) {
+  n = check_graph_signal(rowptr, col, values, values_name);
+  check_features(y, y_name, n, rowptr, /*storage_ok=*/true);
+  const at::Tensor& like = is_storage16(y) ? values : y;
+  check_compute_dtype(like, values_name);
+  return like;
+}
+
 // y (and b) may be stored in 16 bits (then w holds the compute dtype).
 inline int64_t check_csr_fma_args(const at::Tensor& rowptr, const at::Tensor& col,
                                   const at::Tensor& w, const at::Tensor& y, const at::Tensor& b,
                                   const at::Tensor& cy, const at::Tensor& rs) {
   check_defined({{&w, "w"}, {&y, "y"}, {&b, "b"}, {&cy, "cy"}, {&rs, "rs"}});
-  const int64_t n = check_graph_signal(rowptr, col, w, "w");
-  check_features(y, "y", n, rowptr, /*storage_ok=*/true);
-  const at::Tensor& like = is_storage16(y) ? w : y;
-  check_compute_dtype(like, "w");
+  int64_t n;
+  const at::Tensor& like = check_stored_signal(rowptr, col, w, "w", y, "y", n);
   check_values(b, "b", y.sizes(), like, rowptr, /*storage_ok=*/true);
   check_values(w, "w", {col.numel()}, like, rowptr);
   check_values(cy, "cy", {n}, like, rowptr);
@@ -302,10 +314,8 @@ inline Transposed check_neural_weight_grad_args(
     const at::Tensor& q, const at::Tensor& z, const at::Tensor& v, double eps,
     const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_perm) {
   check_defined({{&a, "a"}, {&p, "p"}, {&q, "q"}, {&z, "z"}, {&v, "v"}});
-  const int64_t n = check_graph_signal(rowptr, col, a, "a");
-  check_features(z, "z", n, rowptr, /*storage_ok=*/true);
-  const at::Tensor& like = is_storage16(z) ? a : z;
-  check_compute_dtype(like, "a");
+  int64_t n;
+  const at::Tensor& like = check_stored_signal(rowptr, col, a, "a", z, "z", n);
   check_values(v, "v", z.sizes(), like, rowptr, /*storage_ok=*/true);
   check_features(p, "p", n, rowptr, /*storage_ok=*/true);
   check_values(q, "q", p.sizes(), like, rowptr, /*storage_ok=*/true);

@@ -16,7 +16,7 @@
 //     static void check_schedule(at::TensorList schedule, const at::Tensor& rowptr, int64_t m);
 //     Csr csr_with(const at::Tensor& rowptr, const at::Tensor& col, at::TensorList) const;
 //     at::Tensor row_sums(const at::Tensor& rowptr, const at::Tensor& values) const;
-//     // (cy, ca) per row: row_coefficients of laplacian_math.h
+//     // (cy, rs) per row: row_coefficients of laplacian_math.h
 //     std::pair<at::Tensor, at::Tensor> coefficients(chi, kappa, double inv_mu) const;
 //
 //     // The neural edge-weight pass: W and kappa_i = sum_j W_ij (eq. 13-14).
@@ -48,8 +48,9 @@
 //     // transposed CSR t_csr (directed graphs; t_a: the edge values in its order) unless it
 //     // is null (a symmetric graph). A formed dl/dW's z and v may be stored in one 16-bit
 //     // dtype when the compute dtype is float32 (storage.h); p and q are in the compute dtype.
-//     void weight_grads(const Csr&, const Csr* t_csr, const NeuralEdges&, const at::Tensor& t_a,
-//                       const EdgeGradient&, at::Tensor& grad_p, at::Tensor& grad_q) const;
+//     void neural_weight_grad(const Csr&, const Csr* t_csr, const NeuralEdges&,
+//                             const at::Tensor& t_a, const EdgeGradient&, at::Tensor& grad_p,
+//                             at::Tensor& grad_q) const;
 //
 //     // Y_1 = B (Y_0 = 0); b in the compute dtype or (a 16-bit solve) in 16 bits with float32
 //     // compute.
@@ -93,7 +94,7 @@ struct RowMap {
 };
 
 // The forward step made in the same pass as the neural weights: b = X and the row
-// coefficients (cy, ca) = row_coefficients(chi_i, kappa_i, inv_mu) of the new kappa.
+// coefficients (cy, rs) = row_coefficients(chi_i, kappa_i, inv_mu) of the new kappa.
 struct NeuralStep {
   at::Tensor chi;
   double inv_mu;

@@ -9,7 +9,8 @@
 namespace dignn {
 namespace ops {
 
-// Calls add(name, kernel) for every op, kernel a function pointer.
+// Calls add(name, kernel) for every op that Passes runs, kernel a function pointer (every op
+// on every Passes but anderson_record, which runs on the CPU only: Passes::kAndersonRecord).
 template <typename Passes, typename Add>
 void for_each_kernel(Add&& add) {
   add("check_graph", &check_graph<Passes>);
@@ -22,6 +23,7 @@ void for_each_kernel(Add&& add) {
   add("neural_weight_grad", &neural_weight_grad<Passes>);
   add("implicit_diffusion", &implicit_diffusion<Passes>);
   add("implicit_diffusion_backward", &implicit_diffusion_backward<Passes>);
+  if constexpr (Passes::kAndersonRecord) add("anderson_record", &anderson_record<Passes>);
 }
 
 }  // namespace ops

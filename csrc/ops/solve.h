@@ -10,7 +10,7 @@
 // iterate but kept in float32 (wide_last_iteration). The step norms are of the iterates as
 // stored, so a 16-bit iterate that no longer changes has converged. The neural weights take a
 // pass of their own before the loop (the fused neural pass keeps its iterates in the compute
-// dtype), and the gradient pass gathers z and v = ca.u rounded to 16 bits.
+// dtype), and the gradient pass gathers z and v = rs.u rounded to 16 bits.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -103,13 +103,13 @@ at::Tensor wide_last_iteration(const Passes& passes, const typename Passes::Csr&
 // dl/dp, dl/dq with G_ij = v_i . (z_j - z_i) (appendix "Training for DIGNNs"): one pass over
 // the CSR on a symmetric graph, else one over the CSR and one over the transposed CSR t_csr.
 template <typename Passes>
-void weight_grads_from_adjoint(const Passes& passes, const typename Passes::Csr& csr,
-                               const typename Passes::Csr* t_csr, const Transposed& t,
-                               const NeuralEdges& edges, const at::Tensor& z,
-                               const at::Tensor& v, at::Tensor& grad_p, at::Tensor& grad_q) {
+void neural_weight_grad_from_adjoint(const Passes& passes, const typename Passes::Csr& csr,
+                                     const typename Passes::Csr* t_csr, const Transposed& t,
+                                     const NeuralEdges& edges, const at::Tensor& z,
+                                     const at::Tensor& v, at::Tensor& grad_p, at::Tensor& grad_q) {
   const at::Tensor t_a = t.defined() ? edges.a.index_select(0, t.perm) : at::Tensor();
-  passes.weight_grads(csr, t.defined() ? t_csr : nullptr, edges, t_a,
-                      EdgeGradient::from_adjoint(z, v), grad_p, grad_q);
+  passes.neural_weight_grad(csr, t.defined() ? t_csr : nullptr, edges, t_a,
+                            EdgeGradient::from_adjoint(z, v), grad_p, grad_q);
 }
 
 // stats = [iterations, ||Z_t - Z_{t-1}||_F, that over ||Z_t||_F] (schemas.cpp).
@@ -141,14 +141,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
 
   // Fixed weights: W = edge_value, kappa given or its row sums. Neural (eq. 13-14): made by
   // the pass of iteration 2 together with the step (with 16-bit iterates: before the loop).
-  at::Tensor w, kappa, cy, ca;
+  at::Tensor w, kappa, cy, rs;
   if (neural) {
     w = at::empty({col.numel()}, x.options());
     kappa = at::empty({n}, x.options());
   } else {
     w = value.clone();
     kappa = kappa_in.has_value() ? kappa_in->contiguous().clone() : passes.row_sums(rp, value);
-    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+    std::tie(cy, rs) = passes.coefficients(chi, kappa, inv_mu);
   }
   if (n == 0) return {z.current, w, kappa, residual.stats()};
 
@@ -157,12 +157,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
                           neural ? q_in->contiguous() : at::Tensor(), eps};
   if (neural && stored) {
     passes.edge_weights(csr, edges, w, kappa);
-    std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
+    std::tie(cy, rs) = passes.coefficients(chi, kappa, inv_mu);
   }
   z.next = at::empty_like(z.current);
-  // z_i <- x_i + cy_i z_i + ca_i (W Z)_i with cached weights (row_coefficients).
+  // z_i <- x_i + cy_i z_i + rs_i (W Z)_i with cached weights (row_coefficients).
   std::optional<typename Passes::RowStep> step;
-  if (cy.defined()) step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+  if (cy.defined()) step.emplace(passes.row_step(csr, RowMap{w, x, cy, rs}, z, residual));
   const int64_t last =
       fixed_point_iterations(residual, stored ? max_iter - 1 : max_iter, z, [&](int64_t t) {
         if (step) {
@@ -170,19 +170,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> implicit_diffusion(
           return;
         }
         passes.fused_step(csr, edges, w, kappa, NeuralStep{chi, inv_mu, x}, z, t, residual);
-        std::tie(cy, ca) = passes.coefficients(chi, kappa, inv_mu);
-        step.emplace(passes.row_step(csr, RowMap{w, x, cy, ca}, z, residual));
+        std::tie(cy, rs) = passes.coefficients(chi, kappa, inv_mu);
+        step.emplace(passes.row_step(csr, RowMap{w, x, cy, rs}, z, residual));
       });
   if (!step) passes.edge_weights(csr, edges, w, kappa);  // stopped at iteration 1: the
                                                          // backward still needs W and kappa
   if (stored) {
-    return {wide_last_iteration(passes, csr, RowMap{w, x, cy, ca}, z, last, residual), w, kappa,
+    return {wide_last_iteration(passes, csr, RowMap{w, x, cy, rs}, z, last, residual), w, kappa,
             residual.stats()};
   }
   return {z.current, w, kappa, residual.stats()};
 }
 
-// The adjoint u = dl/dX of u = g + cy.u + W^T (ca.u) (the paper's u = g - (1/mu) Delta^T u),
+// The adjoint u = dl/dX of u = g + cy.u + W^T (rs.u) (the paper's u = g - (1/mu) Delta^T u),
 // then dl/dchi and, for the neural Laplacian, dl/dp and dl/dq; stats of the adjoint solve.
 template <typename Passes>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -204,17 +204,17 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
   const at::Tensor z = z_in.contiguous();
   const at::Tensor g = grad_z.contiguous();
   const at::Tensor rp = rowptr.contiguous();
-  at::Tensor cy, ca;
-  std::tie(cy, ca) = passes.coefficients(chi_in.contiguous(), kappa_in.contiguous(),
+  at::Tensor cy, rs;
+  std::tie(cy, rs) = passes.coefficients(chi_in.contiguous(), kappa_in.contiguous(),
                                          checked_inverse_mu(mu, x_in.scalar_type()));
 
   // Rows of W^T are the transposed CSR, or the CSR itself on a symmetric graph; entry (j, i)
-  // of W^T carries W_ij ca_i, so that one row pass with rs = 1 makes W^T (ca.u).
+  // of W^T carries W_ij rs_i, so that one row pass with unit row scales makes W^T (rs.u).
   const at::Tensor wc = w.contiguous();
   const at::Tensor t_rp = t.defined() ? t.rowptr : rp;
   const at::Tensor t_cl = t.defined() ? t.col : col.contiguous();
   const at::Tensor t_w =
-      (t.defined() ? wc.index_select(0, t.perm) : wc) * ca.index_select(0, t_cl);
+      (t.defined() ? wc.index_select(0, t.perm) : wc) * rs.index_select(0, t_cl);
   // u_0 = 0, so u_1 = g (stored as round(g) with 16-bit iterates, see the file's head).
   const at::ScalarType storage = iterate_storage(storage_dtype, max_iter);
   const bool stored = storage != at::ScalarType::Undefined;
@@ -233,12 +233,12 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
     adjoint = stored ? wide_last_iteration(passes, *t_csr, map, u, last, residual) : u.current;
   }
 
-  // dl/dx = u; dl/dchi_i = u_i . (x_i - z_i) / chi_i (0 on guarded rows, where ca = 0).
-  at::Tensor grad_chi = (adjoint * (x - z)).sum(1) * ca * mu;
+  // dl/dx = u; dl/dchi_i = u_i . (x_i - z_i) / chi_i (0 on guarded rows, where rs = 0).
+  at::Tensor grad_chi = (adjoint * (x - z)).sum(1) * rs * mu;
   at::Tensor grad_p, grad_q;
   if (neural) {
-    // The gradient pass gathers z and v = ca.u, rounded to the 16-bit storage dtype if any.
-    const at::Tensor v = stored_as(adjoint * ca.unsqueeze(1), storage);
+    // The gradient pass gathers z and v = rs.u, rounded to the 16-bit storage dtype if any.
+    const at::Tensor v = stored_as(adjoint * rs.unsqueeze(1), storage);
     grad_p = at::empty_like(*p_in, at::MemoryFormat::Contiguous);
     grad_q = at::empty_like(*q_in, at::MemoryFormat::Contiguous);
     if (n > 0) {
@@ -246,7 +246,7 @@ implicit_diffusion_backward(const at::Tensor& rowptr, const at::Tensor& col,
       const typename Passes::Csr csr = t.defined() ? passes.csr(rp, col) : *t_csr;
       const NeuralEdges edges{edge_value.contiguous(), p_in->contiguous(), q_in->contiguous(),
                               eps};
-      weight_grads_from_adjoint(passes, csr, &*t_csr, t, edges, stored_as(z, storage), v,
+      neural_weight_grad_from_adjoint(passes, csr, &*t_csr, t, edges, stored_as(z, storage), v,
                                 grad_p, grad_q);
     }
   } else {

@@ -10,7 +10,7 @@
 #include <torch/extension.h>
 
 #include "cuda/device_passes.h"
-#include "cuda/grad_pass.cu"
+#include "cuda/neural_weight_grad.cu"
 #include "cuda/row_pass.cu"
 #include "cuda/small_kernels.cu"
 #include "ops/register.h"
