@@ -121,13 +121,13 @@ def _round_pq(storage_dtype):
         return torch_backend.neural_edge_weights(rowptr, col, a, p.to(storage_dtype),
                                                  q.to(storage_dtype), eps)
 
-    def gradient_pass(rowptr, col, a, p, q, z, v, eps, *transposed):
+    def neural_weight_grad(rowptr, col, a, p, q, z, v, eps, *transposed):
         return torch_backend.neural_weight_grad(rowptr, col, a, p.to(storage_dtype),
-                                           q.to(storage_dtype), z, v, eps, *transposed)
+                                                q.to(storage_dtype), z, v, eps, *transposed)
 
     import dataclasses
     return dataclasses.replace(base, neural_edge_weights=edge_weights,
-                               neural_weight_grad=gradient_pass)
+                               neural_weight_grad=neural_weight_grad)
 
 
 def accuracy():
