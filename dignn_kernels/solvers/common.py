@@ -70,12 +70,40 @@ def _wide(t: Tensor) -> Tensor:
 
 
 def global_sum(partial: Tensor, reduce: Reduce) -> Tensor:
-    """The sum over processes of per-process partial sums (itself on one process)."""
+    """The sum over the processes of a partitioned solve of per-process partial sums.
+
+    Args:
+        partial: this process's partial sums (any shape).
+        reduce: the system's ``reduce`` (an all-reduce on the device), None on one process.
+
+    Returns:
+        The global sums (``partial`` itself on one process).
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import global_sum
+        >>> global_sum(torch.tensor([1.0, 2.0]), None).tolist()
+        [1.0, 2.0]
+    """
     return partial if reduce is None else reduce(partial)
 
 
 def global_norm(t: Tensor, reduce: Reduce = None) -> Tensor:
-    """||t||_F over every process's rows, float64 (16-bit t summed in float32)."""
+    """||t||_F over every process's rows.
+
+    Args:
+        t: this process's rows (16-bit storage is summed in float32).
+        reduce: the system's ``reduce``, None on one process.
+
+    Returns:
+        A 0-dim float64 tensor on t's device.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import global_norm
+        >>> float(global_norm(torch.tensor([[3.0], [4.0]])))
+        5.0
+    """
     if reduce is None:
         return torch.linalg.vector_norm(t, dtype=torch.float32 if t.dtype in _HALF else None
                                         ).double()
@@ -83,23 +111,68 @@ def global_norm(t: Tensor, reduce: Reduce = None) -> Tensor:
 
 
 def row_sq(t: Tensor) -> Tensor:
-    """||t_i||^2 of every row in float64, from one read of t: the reduction widens each element
-    (16-bit storage included) without a widened or squared copy of t."""
+    """||t_i||^2 of every row, from one read of t: the reduction widens each element (16-bit
+    storage included) without a widened or squared copy of t.
+
+    Args:
+        t: n x d.
+
+    Returns:
+        [n] float64.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import row_sq
+        >>> row_sq(torch.tensor([[3.0, 4.0], [1.0, 0.0]])).tolist()
+        [25.0, 1.0]
+    """
     return torch.linalg.vector_norm(t, dim=1, dtype=torch.float64).square()
 
 
 def weighted_sq(t: Tensor, weight: Tensor, reduce: Reduce = None,
                 rows: Optional[Tensor] = None) -> Tensor:
-    """sum_i weight_i ||t_i||^2 over every process's rows (``rows``: t's :func:`row_sq`, if
-    at hand)."""
+    """sum_i weight_i ||t_i||^2 over every process's rows.
+
+    Args:
+        t: this process's rows, n x d.
+        weight: [n] per-row weights.
+        reduce: the system's ``reduce``, None on one process.
+        rows: t's :func:`row_sq`, if at hand (one read of t less).
+
+    Returns:
+        A 0-dim float64 tensor.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import weighted_sq
+        >>> float(weighted_sq(torch.tensor([[3.0, 4.0], [1.0, 0.0]]), torch.tensor([1.0, 2.0])))
+        27.0
+    """
     rows = row_sq(t) if rows is None else rows
     return global_sum((rows * weight.double()).sum(), reduce)
 
 
 def start_solve(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None,
                 reduce: Reduce = None):
-    """(ref, ref_safe, history) of a solve: the reference norm (default ||rhs||_F), it kept
-    away from 0 for the divisions, and the history of relative residuals, NaN so far."""
+    """What a solve starts from: its reference norm and an empty history.
+
+    Args:
+        rhs: the right-hand side.
+        max_iter: the solve's most sweeps (the history has one entry more).
+        ref: the reference norm, if not ||rhs||_F.
+        reduce: the system's ``reduce``, None on one process.
+
+    Returns:
+        (ref, ref_safe, history): the reference norm (float64), it kept away from 0 for the
+        divisions, and the history of relative residuals, NaN so far.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import start_solve
+        >>> ref, ref_safe, history = start_solve(torch.zeros(2, 1), max_iter=3)
+        >>> float(ref), bool(ref_safe > 0), history.shape
+        (0.0, True, torch.Size([4]))
+    """
     dev = rhs.device
     ref = global_norm(rhs, reduce) if ref is None else ref.double()
     ref_safe = ref.clamp_min(torch.finfo(torch.float64).tiny)
@@ -108,8 +181,31 @@ def start_solve(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None,
 
 
 def finish_solve(solution, rhs, history, sweeps, residual, ref_safe, diverged, valid_upto):
-    """The :class:`SolveResult`: the history NaN from ``valid_upto`` on, a solution that is
-    still ``rhs`` itself copied (the caller owns its result)."""
+    """A solve's :class:`SolveResult`.
+
+    Args:
+        solution: the solution (``rhs`` itself is copied: the caller owns its result).
+        rhs: the right-hand side.
+        history: the relative residuals; NaN from ``valid_upto`` on.
+        sweeps: the sweeps done (0-dim tensor).
+        residual: the final residual (0-dim float64).
+        ref_safe: the reference norm of :func:`start_solve`.
+        diverged: 0-dim bool.
+        valid_upto: how many history entries are valid (int or 0-dim tensor).
+
+    Returns:
+        The :class:`SolveResult`, its relative residual residual / ref_safe.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import finish_solve, start_solve
+        >>> rhs = torch.ones(2, 1)
+        >>> ref, ref_safe, history = start_solve(rhs, max_iter=2)
+        >>> out = finish_solve(rhs, rhs, history, torch.tensor(0), ref, ref_safe,
+        ...                    torch.tensor(False), 1)
+        >>> out.solution is rhs, float(out.relative)
+        (False, 1.0)
+    """
     positions = torch.arange(history.numel(), device=history.device)
     history = torch.where(positions < valid_upto, history, torch.nan)
     if solution is rhs:
