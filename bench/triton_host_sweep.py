@@ -60,12 +60,12 @@ def main(out_path):
     jit = tb._jit()
     parts = torch.tensor([1.0, 1.0, 0.0] * 4, dtype=torch.float64)
 
-    def launch_stub(sched, col, w, y, b, cy, rs, out, done, c=None, dots=False):
+    def launch_stub(sched, col, w, y, b, cy, rs, out, done=None, c=None, sums=jit.SUMS_NONE):
         if b is None:  # cg's product: A y ~ y, its dots y.y from 4 programs
             out.copy_(y)
-            return (y * y).view(4, -1, y.shape[1]).sum(dim=1) if dots else parts.clone()
+            return (y * y).view(4, -1, y.shape[1]).sum(dim=1)
         torch.add(y.mul(0.5), b, alpha=-0.3, out=out)  # contracts; 20 sweeps do not converge
-        return parts.clone()
+        return parts.clone() if sums == jit.SUMS_NORMS else None  # the plain pass: no sums
 
     jit.csr_fma = launch_stub
     jit.fixed_point_update = lambda sums, state, history, k: None  # one Triton launch on a GPU
@@ -125,16 +125,24 @@ def interleaved_medians(variants, time_one, label, unit):
 
 
 @contextlib.contextmanager
-def cg_update_of(update):
-    """cg's vector update forced to `update` (the Triton one runs on CPU tensors only because
-    its launches are stubbed)."""
-    loops_module = sys.modules["dignn_kernels.solvers.loops"]
-    original = loops_module.cg_update_for
-    loops_module.cg_update_for = lambda rhs, kernels: update
+def solvers_patched(name, value):
+    """``name`` replaced by ``value`` in every module of :mod:`dignn_kernels.solvers` that
+    holds it (a solver's loop imports the factory of its vector work by name)."""
+    held = [(module, getattr(module, name)) for key, module in list(sys.modules.items())
+            if key.startswith("dignn_kernels.solvers") and hasattr(module, name)]
+    for module, _ in held:
+        setattr(module, name, value)
     try:
         yield
     finally:
-        loops_module.cg_update_for = original
+        for module, original in held:
+            setattr(module, name, original)
+
+
+def cg_update_of(update):
+    """cg's vector update forced to `update` (the Triton one runs on CPU tensors only because
+    its launches are stubbed)."""
+    return solvers_patched("cg_update_for", lambda rhs, kernels: update)
 
 
 def cg_host_times(gen):
@@ -222,7 +230,6 @@ def anderson_host_times(x):
     from dignn_kernels.solvers import _triton_anderson, anderson_update
     for name in [name for name in dir(_triton_anderson) if name.endswith("_kernel")]:
         setattr(_triton_anderson, name, _NoLaunch())
-    loops_module = sys.modules["dignn_kernels.solvers.loops"]
 
     def torch_ops(rhs, window):
         vectors = anderson_update.AndersonVectors(rhs, window)
@@ -234,13 +241,9 @@ def anderson_host_times(x):
     step = lambda y: torch.add(x, torch.tanh(y), alpha=0.5)  # noqa: E731
 
     def solve(name):
-        original = loops_module.anderson_vectors_for
-        loops_module.anderson_vectors_for = lambda rhs, window, kernels: \
-            variants[name](rhs, window)
-        try:
+        with solvers_patched("anderson_vectors_for",
+                             lambda rhs, window, kernels: variants[name](rhs, window)):
             return dk.solvers.anderson(step, x, max_iter=SWEEPS + 1, tol=0.0, check_every=0)
-        finally:
-            loops_module.anderson_vectors_for = original
 
     def iteration_us(name):
         start = time.perf_counter()
@@ -270,23 +273,18 @@ def anderson_sweep_host_times(graph, w, chi, kappa, x):
     row map (the graph checked and scheduled once per solve) against the csr_fma op (a
     dispatcher op, its checks and the schedule's lookup per sweep)."""
     from dignn_kernels.solvers.anderson_update import TritonAndersonVectors
-    loops_module = sys.modules["dignn_kernels.solvers.loops"]
     variants = {"row_map": tb.TRITON, "row_pass": dataclasses.replace(tb.TRITON, row_map=None)}
     systems = {name: dk.solvers.EquilibriumSystem(backend, graph.rowptr, graph.col, w, chi,
                                                   kappa, 2.2)
                for name, backend in variants.items()}
 
     def iteration_us(name):
-        original = loops_module.anderson_vectors_for
-        loops_module.anderson_vectors_for = lambda rhs, window, kernels: \
-            TritonAndersonVectors(rhs, window)
-        try:
+        with solvers_patched("anderson_vectors_for",
+                             lambda rhs, window, kernels: TritonAndersonVectors(rhs, window)):
             start = time.perf_counter()
             dk.solvers.solve_forward(systems[name], x, "anderson", max_iter=SWEEPS + 1, tol=0.0,
                                      check_every=0)
             return (time.perf_counter() - start) / SWEEPS * 1e6
-        finally:
-            loops_module.anderson_vectors_for = original
 
     return interleaved_medians(variants, iteration_us,
                                "anderson on the system, flag never read", "us/iteration")
