@@ -127,9 +127,11 @@ def interleaved_medians(variants, time_one, label, unit):
 @contextlib.contextmanager
 def solvers_patched(name, value):
     """``name`` replaced by ``value`` in every module of :mod:`dignn_kernels.solvers` that
-    holds it (a solver's loop imports the factory of its vector work by name)."""
-    held = [(module, getattr(module, name)) for key, module in list(sys.modules.items())
-            if key.startswith("dignn_kernels.solvers") and hasattr(module, name)]
+    holds it (a solver's loop imports the factory of its vector work by name). The package's
+    submodules only, not all of sys.modules: the solves timed here include the patch."""
+    import types
+    held = [(module, getattr(module, name)) for module in vars(dk.solvers).values()
+            if isinstance(module, types.ModuleType) and hasattr(module, name)]
     for module, _ in held:
         setattr(module, name, value)
     try:
