@@ -184,7 +184,26 @@ def check_graph(rowptr: Tensor, col: Tensor, num_nodes: int, t_rowptr: Optional[
     edge t_perm[k], in row t_col[k] and column j). O(nodes + edges); on a GPU it reads one flag
     back (a sync). On a device without a dignn kernel (CUDA tensors with a CPU-only build, for
     the triton backend) it checks host copies; on the meta device, which holds no values, it
-    refuses."""
+    refuses.
+
+    Args:
+        rowptr: int64 Tensor [n + 1].
+        col: int32 or int64 Tensor [m].
+        num_nodes: int, n.
+        t_rowptr, t_col, t_perm: the transposed CSR and its edge positions, or None.
+
+    Raises:
+        RuntimeError: the first bad entry, naming its argument.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import ops
+        >>> ops.check_graph(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), 2)
+        >>> ops.check_graph(torch.tensor([0, 1, 2]), torch.tensor([1, 5]), 2)
+        Traceback (most recent call last):
+            ...
+        RuntimeError: ...
+    """
     if not torch.compiler.is_compiling():
         check_graph_args(rowptr, col, num_nodes, t_rowptr, t_col, t_perm)
         num_nodes = int(num_nodes)
