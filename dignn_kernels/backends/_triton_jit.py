@@ -613,8 +613,8 @@ def record_iteration(state, res, bad, stop):
 
 @triton.jit(do_not_specialize=["k"])
 def _fixed_point_update_kernel(sums, state, history, k):
-    """dignn_kernels.solvers.loops.fixed_point_update, the same float64 operations in one
-    program: from the sweep's sums [||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2], the
+    """dignn_kernels.solvers.fixed_point_solver.fixed_point_update, the float64 operations in
+    one program: from the sweep's sums [||out - y||^2, ||out||^2, sum_i c_i ||out_i||^2], the
     relative residual into history[k - 1]; if the solve was live, the sweep counted, the
     residuals kept and divergence (a non-finite residual or the certificate's bound broken)
     flagged; done once diverged or res <= tol size. State: solver_state.FIXED_POINT_STATE."""

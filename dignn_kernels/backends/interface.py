@@ -28,10 +28,11 @@ solve (the graph and its row coefficients checked, and on a GPU scheduled, once)
   device: unless the solve's state says done, it writes the pass into the buffer ``out``
   (y's shape and dtype, not y itself), and it takes ``||out - y||``, ``||out||`` and
   ``sum_i c_i ||out_i||^2`` of its output as stored (0 once done: ``out`` is then left as it
-  was) into the loop's bookkeeping (:func:`dignn_kernels.solvers.loops.fixed_point_update` of
-  the float64 ``state`` and ``history``). The loop then keeps two buffers and never reads an
-  iterate again for its stopping test and divergence certificate. Without it, the loop
-  computes those norms from the row map's output and updates the state itself;
+  was) into the loop's bookkeeping (:func:`dignn_kernels.solvers.fixed_point_solver.
+  fixed_point_update` of the float64 ``state`` and ``history``). The loop then keeps two
+  buffers and never reads an iterate again for its stopping test and divergence certificate.
+  Without it, the loop computes those norms from the row map's output and updates the state
+  itself;
 - ``row_product`` (optional): ``row_product(rowptr, col, w, cy, rs) -> product``, the row
   map with b = 0 (cy.y + rs.(W y)) and its dot products in the sweep: ``product(y, out,
   done) -> dots`` writes it into the buffer ``out`` (y's shape and dtype, not y itself)

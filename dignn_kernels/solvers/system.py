@@ -3,7 +3,7 @@
 The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(chi),
 L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass
 (:attr:`Backend.csr_fma <dignn_kernels.backends.interface.Backend>`) with per-row
-coefficients, so the solvers of :mod:`.loops` run on every backend; it is prepared once per
+coefficients, so the solvers (:mod:`.registry`) run on every backend; it is prepared once per
 system as the backend's row map (:attr:`Backend.row_map`: on the GPU backends, the CSR checked
 and scheduled once for all of a solve's sweeps; elsewhere the ``csr_fma`` op itself).
 """
