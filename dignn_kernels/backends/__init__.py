@@ -82,7 +82,23 @@ def available_backends(device: torch.device, num_entries: Optional[int] = None,
     :data:`TRITON_MIN_ENTRIES` CSR entries (``num_entries``; None counts as small), then the
     plain-PyTorch fallback. Triton runs on the CPU only in its (slow) interpreter, last.
     With a 16-bit ``storage_dtype`` only the backends that support it (see
-    :attr:`Backend.storage_dtypes`)."""
+    :attr:`Backend.storage_dtypes`).
+
+    Args:
+        device: the tensors' ``torch.device`` (or a string such as ``"cuda:0"``).
+        num_entries: the graph's CSR entries (edges plus self-loops), or None (small).
+        storage_dtype: None, ``torch.bfloat16`` or ``torch.float16``: only the backends whose
+            passes store iterates in it.
+
+    Returns:
+        Tuple[str, ...]: the backend names, the one ``backend="auto"`` picks first.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels import available_backends
+        >>> available_backends(torch.device("cpu"))[0]
+        'cpu'
+    """
     device = torch.device(device)
     found = [name for name in BACKENDS if _REGISTRY[name].available(device)
              and (storage_dtype is None or storage_dtype in _REGISTRY[name].storage_dtypes)]
