@@ -20,11 +20,19 @@ REPO = Path(__file__).resolve().parents[1]
 SESSION = REPO / "bench" / "gpu_session.sh"
 
 
+def _child_env(**extra):
+    """This environment without pytest-xdist's worker variables: the pytest runs below are
+    not xdist workers, and pytest-benchmark disables itself in any process that has
+    PYTEST_XDIST_WORKER set (no benchmark JSON)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
+            **extra}
+
+
 def _session(tmp_path, *args, **env):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(SESSION), *args], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
+        env=_child_env(OUT=str(out), PYTHON=sys.executable, **env))
     return proc, out
 
 
@@ -116,7 +124,7 @@ def _toy_bench(tmp_path, **env):
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_toy.py",
          "--benchmark-json", str(tmp_path / "bench.json")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TOY_SUMMARY": str(summary), **env})
+        env=_child_env(TOY_SUMMARY=str(summary), **env))
     names = [b["name"] for b in json.loads((tmp_path / "bench.json").read_text())["benchmarks"]]
     return proc, summary.read_text(), names
 
