@@ -10,6 +10,7 @@ GPU work itself is measured only on a GPU.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +29,18 @@ def _child_env(**extra):
             **extra}
 
 
+def _default_sigint():
+    """Run in the child before exec: SIGINT back to its default. An ignored signal stays
+    ignored across exec, and pytest-xdist's workers ignore SIGINT, so without this the SIGINT
+    these tests send would be lost under `pytest -n`."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _session(tmp_path, *args, **env):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(SESSION), *args], capture_output=True, text=True, timeout=300,
-        env=_child_env(OUT=str(out), PYTHON=sys.executable, **env))
+        env=_child_env(OUT=str(out), PYTHON=sys.executable, **env), preexec_fn=_default_sigint)
     return proc, out
 
 
@@ -124,7 +132,7 @@ def _toy_bench(tmp_path, **env):
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_toy.py",
          "--benchmark-json", str(tmp_path / "bench.json")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env=_child_env(TOY_SUMMARY=str(summary), **env))
+        env=_child_env(TOY_SUMMARY=str(summary), **env), preexec_fn=_default_sigint)
     names = [b["name"] for b in json.loads((tmp_path / "bench.json").read_text())["benchmarks"]]
     return proc, summary.read_text(), names
 
