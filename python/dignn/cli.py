@@ -415,7 +415,7 @@ def _add_training_args(p: argparse.ArgumentParser, json_help: str) -> None:
             help="training epochs per split (default: the preset's)")
     p.add_argument("--preset", default="tuned", choices=list(PRESETS),
                    help="hyperparameters: 'paper' = appendix tables 6 (rw) and 7 (neural); "
-                        "'tuned' (default) = those with the changes listed in the README")
+                        "'tuned' (default) = those with the changes listed in docs/reproducing.md")
     p.add_argument("--json", metavar="PATH", default=None, help=json_help)
     p.add_argument("--protocol", choices=PROTOCOLS, default="holdout",
                    help="holdout (default, every dataset): per split the epoch of best "
