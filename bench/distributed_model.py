@@ -47,7 +47,7 @@ LINKS_GB_S = {"NVLink 4 (450 GB/s)": 450.0, "InfiniBand NDR (50 GB/s)": 50.0}
 
 # Arrays of the layer's training step, per local row (owned + halo), float32 rows of 64:
 # x, z, two fixed-point iterates, p, q, the incoming gradient, two adjoint iterates, v,
-# grad_p, grad_q; and chi, kappa, cy, ca (4 bytes each).
+# grad_p, grad_q; and chi, kappa, cy, rs (4 bytes each).
 LAYER_ROW_ARRAYS = 12
 LAYER_ROW_SCALARS = 4
 HALO_ARRAYS = {"as implemented": 6, "halo rows only where read": 3}  # n x 64 arrays with halo rows

@@ -77,8 +77,8 @@ def coefficient_overflow_message(chi: Tensor, kappa: Tensor, mu: float) -> Optio
 
 def row_coefficients(chi: Tensor, kappa: Tensor, mu: float, check: bool = False
                      ) -> Tuple[Tensor, Tensor]:
-    """(cy, ca) of the fixed-point map Z <- X + cy.Z + ca.(W Z) (eq. iter, Delta = C^-1 (K - W)):
-    ca = 1/(mu chi), cy = -kappa ca, both 0 on guard rows. A ValueError naming mu where 1/mu
+    """(cy, rs) of the fixed-point map Z <- X + cy.Z + rs.(W Z) (eq. iter, Delta = C^-1 (K - W)):
+    rs = 1/(mu chi), cy = -kappa rs, both 0 on guard rows. A ValueError naming mu where 1/mu
     is not finite in chi's dtype; with ``check`` (a host read) also where a coefficient is
     not (:func:`coefficient_overflow_message`)."""
     inv = check_inverse_mu(mu, chi.dtype)
@@ -90,9 +90,9 @@ def row_coefficients(chi: Tensor, kappa: Tensor, mu: float, check: bool = False
     # 1/mu rounded to chi's dtype, then divided (not a reciprocal of chi times 1/mu, which
     # torch makes of `scalar / tensor`): the compiled kernels' row_coefficients to the bit
     inv_mu = torch.full_like(chi, inv)
-    ca = torch.where(diffuses, inv_mu / torch.where(diffuses, chi, torch.ones_like(chi)),
+    rs = torch.where(diffuses, inv_mu / torch.where(diffuses, chi, torch.ones_like(chi)),
                      torch.zeros_like(chi))
-    return -kappa * ca, ca
+    return -kappa * rs, rs
 
 
 def edge_terms(rows: Tensor, cols: Tensor, p: Tensor, q: Tensor

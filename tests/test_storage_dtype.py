@@ -215,19 +215,19 @@ def check_fused_loop_equals_solvers_loop(monkeypatch, backend, kind, laplacian_n
 
 def _dense_rounded_solve(x, ei, w, layer, storage_dtype, max_iter):
     """The fixed point written out densely from the paper's edge weights: Z_1 = round(X),
-    Z_{k+1} = round(X + cy.Z_k + ca.(W Z_k)) up to iteration max_iter - 1, the last
+    Z_{k+1} = round(X + cy.Z_k + rs.(W Z_k)) up to iteration max_iter - 1, the last
     iteration unrounded (storage_dtype None: no rounding at all)."""
     i, j, wij, chi = reference.graph_neural_laplacian(x, ei, w, **thetas(layer))
     n = x.size(0)
     dense = torch.zeros(n, n, dtype=x.dtype).index_put_((i, j), wij, accumulate=True)
-    cy, ca = laplacian.row_coefficients(chi, dense.sum(dim=1), layer.mu)
+    cy, rs = laplacian.row_coefficients(chi, dense.sum(dim=1), layer.mu)
 
     def rounded(t):
         return t if storage_dtype is None else t.to(storage_dtype).to(x.dtype)
 
     z = rounded(x)
     for k in range(2, max_iter + 1):
-        z = x + cy[:, None] * z + ca[:, None] * (dense @ z)
+        z = x + cy[:, None] * z + rs[:, None] * (dense @ z)
         if k < max_iter:
             z = rounded(z)
     return z

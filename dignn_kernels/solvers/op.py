@@ -7,7 +7,7 @@ the chosen backend's passes; a backend with a fused solve
 instead. Its backward is implicit differentiation (appendix "Training for DIGNNs"): the
 adjoint solve with the same solver, then dl/dx = u, dl/dchi_i = u_i . (x_i - z_i) / chi_i
 and, for the neural Laplacian, dl/dp and dl/dq from the backend's gradient pass with
-v = ca.u. Following PyTorch's extension-cpp example, the op is a ``torch.library`` custom op
+v = rs.u. Following PyTorch's extension-cpp example, the op is a ``torch.library`` custom op
 with a fake kernel (so ``torch.compile`` traces the layer whole) and its backward is a second
 custom op, so that it is traced too.
 
@@ -107,15 +107,15 @@ def _system(backend, rowptr, col, edge_value, chi, p, q, kappa, mu, eps, t_rowpt
                              symmetric=symmetric), w, kappa
 
 
-def chi_gradient(u: Tensor, x: Tensor, z: Tensor, ca: Tensor, mu: float) -> Tensor:
+def chi_gradient(u: Tensor, x: Tensor, z: Tensor, rs: Tensor, mu: float) -> Tensor:
     """dl/dchi_i = u_i . (x_i - z_i) / chi_i (= mu ca_i u_i . (x_i - z_i); 0 on guard rows)
     from the adjoint solution u."""
-    return (u * (x - z)).sum(dim=1) * ca * mu
+    return (u * (x - z)).sum(dim=1) * rs * mu
 
 
-def edge_gradient_weights(u: Tensor, ca: Tensor) -> Tensor:
-    """v = ca.u: the gradient pass's weights, dl/dW_ij = v_i . (z_j - z_i)."""
-    return u * ca.unsqueeze(1)
+def edge_gradient_weights(u: Tensor, rs: Tensor) -> Tensor:
+    """v = rs.u: the gradient pass's weights, dl/dW_ij = v_i . (z_j - z_i)."""
+    return u * rs.unsqueeze(1)
 
 
 def _effective_check_every(check_every: int, device: torch.device, solver: str) -> int:
@@ -286,7 +286,7 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Implicit differentiation: the adjoint solve with the same solver, then dl/dx = u,
     dl/dchi_i = u_i . (x_i - z_i) / chi_i, and for the neural Laplacian dl/dp, dl/dq from the
-    gradient pass with v = ca.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
+    gradient pass with v = rs.u. Returns (grad_x, grad_chi, grad_p, grad_q, stats); grad_p
     and grad_q are empty for fixed weights. With ``storage_dtype`` the adjoint iterates and
     the z, v the gradient pass reads are in that dtype, the results in x's."""
     if storage_dtype is not None:
