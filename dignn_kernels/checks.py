@@ -32,7 +32,8 @@ __all__ = ["check_scalars", "check_graph", "check_graph_data", "check_csr", "che
            "check_neural_edge_weights_args", "check_neural_edge_weights_backward_args",
            "check_diffusion_step_args", "check_csr_fma_args",
            "check_neural_weight_grad_args", "check_graph_args", "check_solve_args",
-           "check_int", "check_flag", "check_backend_device", "check_projection_range"]
+           "check_int", "check_flag", "check_backend_device", "check_projection_range",
+           "FLOWS", "check_flow"]
 
 # Tensors a pass may take in 16 bits (storage_dtype; backends.interface.STORAGE_DTYPES).
 _STORAGE = (torch.bfloat16, torch.float16)
@@ -82,6 +83,45 @@ def check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if value > INT64_MAX:
         raise ValueError(f"{name} must be at most 2**63 - 1 (an int64), got {value!r}")
+
+
+#: The ``flow`` choices, named and valued as PyG's ``MessagePassing(flow=...)``: with
+#: ``"source_to_target"`` an edge ``(edge_index[0, k], edge_index[1, k]) = (j, i)`` sends a
+#: message from j to i, so row i of Delta sums over the edges at ``edge_index[1]``; with
+#: ``"target_to_source"`` row i sums over the edges at ``edge_index[0]`` (the authors' DIGNN
+#: code, ``scatter_add(..., row)`` with ``row, col = edge_index``).
+FLOWS = ("source_to_target", "target_to_source")
+
+
+def check_flow(flow) -> str:
+    """The ``flow`` argument, one of :data:`FLOWS`, else a ValueError naming it and both
+    choices (PyG's names: the layer reads ``edge_index`` as ``MessagePassing(flow=...)``
+    does).
+
+    Args:
+        flow: ``"source_to_target"`` (PyG's default: node i aggregates over the edges
+            ``(j, i)``, at ``edge_index[1]``) or ``"target_to_source"`` (at
+            ``edge_index[0]``, the authors' DIGNN code).
+
+    Returns:
+        str: ``flow``.
+
+    Raises:
+        ValueError: ``flow`` not one of the two.
+
+    Example:
+        >>> from dignn_kernels.checks import check_flow
+        >>> check_flow("target_to_source")
+        'target_to_source'
+        >>> check_flow("in")
+        Traceback (most recent call last):
+        ...
+        ValueError: flow must be 'source_to_target' or 'target_to_source' (as PyG's MessagePassing(flow=...)), got 'in'
+    """
+    if not isinstance(flow, str) or flow not in FLOWS:
+        raise ValueError(f"flow must be {FLOWS[0]!r} or {FLOWS[1]!r} (as PyG's "
+                         f"MessagePassing(flow=...)), got {flow!r}")
+    return flow
 
 
 def check_flag(name: str, value, none_ok: bool = False) -> None:

@@ -1,10 +1,14 @@
 """Graph preprocessing: validation, CSR build, degree, transpose, fixed Laplacian weights.
 
-Convention (PyTorch Geometric's message flow): an edge ``(edge_index[0, k], edge_index[1, k])
-= (j, i)`` carries a message from source ``j`` to target ``i``, so row ``i`` of the CSR lists the
-sources that node ``i`` aggregates from and ``a_ij = edge_weight[k]``. A torch sparse tensor or
-a torch_sparse ``SparseTensor`` is read the way PyG reads ``adj_t``: row ``i`` is the target.
-For the undirected graphs of the paper the distinction does not matter.
+Convention (PyTorch Geometric's message flow, ``flow="source_to_target"``, the default): an
+edge ``(edge_index[0, k], edge_index[1, k]) = (j, i)`` carries a message from source ``j`` to
+target ``i``, so row ``i`` of the CSR lists the sources that node ``i`` aggregates from and
+``a_ij = edge_weight[k]``. ``flow="target_to_source"`` reads the edge the other way, ``(i, j)``:
+node ``i = edge_index[0, k]`` aggregates, as in the authors' DIGNN code; the same as passing
+``edge_index.flip(0)`` (PyG's ``MessagePassing(flow=...)`` names and values). A torch sparse
+tensor or a torch_sparse ``SparseTensor`` is read the way PyG reads ``adj_t``: row ``i`` is the
+target (``flow="target_to_source"`` is refused there, as PyG refuses it: pass the transposed
+tensor). For the undirected graphs of the paper the distinction does not matter.
 
 Duplicate edges are summed (the Laplacian only ever sees sum_k a_k over parallel edges), so
 every graph is stored coalesced. Building a :class:`CSRGraph` costs a sort of the edges;
@@ -43,8 +47,9 @@ LAPLACIANS = ("neural", "rw", "unnormalized", "sym")
 class CSRGraph:
     """A coalesced CSR graph and what the kernels need of it, computed once.
 
-    Row i of the CSR lists the sources j that node i aggregates from (PyG's flow: an edge
-    ``(edge_index[0, k], edge_index[1, k]) = (j, i)``), parallel edges summed. Build it with
+    Row i of the CSR lists the sources j that node i aggregates from (PyG's default flow: an
+    edge ``(edge_index[0, k], edge_index[1, k]) = (j, i)``; ``flow`` records which end of
+    ``edge_index`` the rows were taken from), parallel edges summed. Build it with
     :func:`build_graph` (valid by construction) or :func:`cached_graph`; a graph assembled by
     hand is checked once (:meth:`check`) when the layer first takes it. Pass it to
     :class:`~dignn_kernels.FusedImplicitDiffusion` in place of ``edge_index`` (what
@@ -62,6 +67,12 @@ class CSRGraph:
             CSR position k (a locality renumbering, :mod:`dignn_kernels.reorder`).
         position: None, or int64 Tensor [n], the inverse of ``order``.
         reorder: the method that made ``order`` (``"none"``: no renumbering).
+        flow: the ``flow`` the graph was built with (:data:`dignn_kernels.checks.FLOWS`):
+            ``"source_to_target"`` (rows at ``edge_index[1]``, the default) or
+            ``"target_to_source"`` (rows at ``edge_index[0]``). The CSR itself is the same
+            kind of object either way; a layer given the graph checks that its own ``flow``
+            is this one, so that a graph built for one convention is never solved as if it
+            were the other.
 
     Raises:
         ValueError: from :meth:`check`, when the fields are not a valid graph.
@@ -72,8 +83,8 @@ class CSRGraph:
         >>> g = build_graph(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3)  # path 0 - 1 - 2
         >>> g.rowptr, g.col, g.degree
         (tensor([0, 1, 3, 4]), tensor([1, 0, 2, 1], dtype=torch.int32), tensor([1., 2., 1.]))
-        >>> g.num_edges, g.symmetric
-        (4, True)
+        >>> g.num_edges, g.symmetric, g.flow
+        (4, True, 'source_to_target')
     """
 
     num_nodes: int
@@ -87,6 +98,9 @@ class CSRGraph:
     order: Optional[Tensor] = None
     position: Optional[Tensor] = None
     reorder: str = "none"  # the method that made ``order`` ("none": no renumbering)
+    # Which end of edge_index the rows were read from (checks.FLOWS); the layer refuses a
+    # graph whose flow is not its own.
+    flow: str = "source_to_target"
     _checked: bool = field(default=False, repr=False)  # valid CSR (built here, or check())
     _transposed: Optional[Tuple[Tensor, Tensor, Tensor]] = field(default=None, repr=False)
     _by_dtype: Dict = field(default_factory=dict, repr=False)
@@ -144,6 +158,9 @@ class CSRGraph:
         if not isinstance(self.symmetric, bool):
             raise TypeError(f"CSRGraph.symmetric must be True or False, got "
                             f"{self.symmetric!r}")
+        if self.flow not in checks.FLOWS:
+            raise ValueError(f"CSRGraph.flow must be {checks.FLOWS[0]!r} or "
+                             f"{checks.FLOWS[1]!r}, got {self.flow!r}")
         rows, cols = self.rows(), self.col.long()
         row_sums = torch.zeros_like(self.degree).index_add_(0, rows,
                                                             self.value.to(self.degree.dtype))
@@ -372,24 +389,28 @@ def _from_coo(rows: Tensor, cols: Tensor, values: Tensor, n: int,
 
 
 def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
-                edge_weight: Optional[Tensor] = None, reorder: Optional[str] = None
-                ) -> CSRGraph:
+                edge_weight: Optional[Tensor] = None, reorder: Optional[str] = None,
+                flow: str = "source_to_target") -> CSRGraph:
     """Validates and converts ``edge_index`` (+ ``edge_weight``), a torch sparse tensor or a
     torch_sparse ``SparseTensor`` into a :class:`CSRGraph`, its nodes renumbered by
     ``reorder`` (one of :data:`dignn_kernels.reorder.REORDERINGS`; None keeps the ids).
 
     Args:
-        edge: int64 (or int32) Tensor [2, num_edges] in PyG's convention (messages flow from
-            ``edge[0]`` to ``edge[1]``: row i of the CSR aggregates over the edges (j, i));
-            or a torch sparse COO/CSR tensor or torch_sparse ``SparseTensor`` of shape
-            [num_nodes, num_nodes], read as PyG's ``adj_t`` (row i is the target), its values
-            the edge weights. For the authors' DIGNN code, which aggregates at
-            ``edge_index[0]``, pass ``edge_index.flip(0)`` (the same on undirected graphs).
+        edge: int64 (or int32) Tensor [2, num_edges] read as PyG reads it for ``flow``
+            (by default messages flow from ``edge[0]`` to ``edge[1]``: row i of the CSR
+            aggregates over the edges (j, i)); or a torch sparse COO/CSR tensor or
+            torch_sparse ``SparseTensor`` of shape [num_nodes, num_nodes], read as PyG's
+            ``adj_t`` (row i is the target), its values the edge weights.
         num_nodes: int >= 0, the number of nodes (x.size(0)).
         edge_weight: optional float Tensor [num_edges] of a_ij >= 0, finite, not requiring
             grad (default: 1 per edge, float32); parallel edges are summed.
         reorder: None or ``"none"`` (keep the ids), ``"rcm"``, ``"degree"``, ``"community"``
             or ``"auto"``.
+        flow: PyG's ``MessagePassing(flow=...)``: ``"source_to_target"`` (default; row i
+            aggregates at ``edge[1]``) or ``"target_to_source"`` (row i aggregates over the
+            edges ``(i, j)``, at ``edge[0]``: the authors' DIGNN code; the same graph as
+            ``edge.flip(0)`` with the default). Not ``"target_to_source"`` with a sparse
+            tensor, which is already ``adj_t``: pass its transpose instead, as PyG asks.
 
     Returns:
         CSRGraph: the coalesced graph, checked (its O(edges) check is never run again).
@@ -399,7 +420,8 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
             ``edge_weight`` not a floating tensor.
         ValueError: ``edge`` not of shape [2, num_edges]; ``edge_weight`` of the wrong
             length or device, negative, NaN/Inf or requiring grad; a sparse adjacency not
-            [num_nodes, num_nodes] or given with an ``edge_weight``; an unknown ``reorder``.
+            [num_nodes, num_nodes], given with an ``edge_weight`` or with
+            ``flow="target_to_source"``; an unknown ``reorder`` or ``flow``.
         IndexError: a node index outside 0..num_nodes-1.
 
     Example:
@@ -411,10 +433,21 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
         (tensor([0, 0, 1, 2]), tensor([0, 1], dtype=torch.int32), tensor([3.0000, 0.5000]))
         >>> g.symmetric
         False
+        >>> t = build_graph(edge_index, 3, flow="target_to_source")  # rows at edge_index[0]
+        >>> t.rowptr, t.col, t.flow  # row 0 aggregates from 1 (twice), row 1 from 2
+        (tensor([0, 1, 2, 2]), tensor([1, 2], dtype=torch.int32), 'target_to_source')
     """
     reorder = check_reorder(reorder)
+    flow = checks.check_flow(flow)
     num_nodes = _check_num_nodes(num_nodes)
     if _is_sparse_tensor(edge):
+        if flow != "source_to_target":
+            # PyG refuses the same: a sparse adjacency is adj_t, its rows are the targets
+            raise ValueError("flow='target_to_source' is invalid for a torch sparse tensor or "
+                             "torch_sparse SparseTensor graph, which is read as PyG's adj_t "
+                             "(row i is the node that aggregates): pass in the transposed "
+                             "sparse tensor instead (adj_t.t()) with "
+                             "flow='source_to_target'")
         if edge_weight is not None:
             raise ValueError("edge_weight must be None when the graph is a sparse tensor: the "
                              "sparse tensor's values are the edge weights")
@@ -429,8 +462,12 @@ def build_graph(edge: Union[Tensor, "object"], num_nodes: int,
     _check_edge_weight(edge_weight, edge.size(1), edge.device)
     values = edge_weight if edge_weight is not None else torch.ones(
         edge.size(1), dtype=torch.float32, device=edge.device)
-    # PyG flow source -> target: row i (target) = edge_index[1], col j (source) = edge_index[0]
-    return _from_coo(edge[1], edge[0], values, num_nodes, reorder)
+    # The row of an edge is the node that aggregates: edge_index[1] for PyG's source_to_target,
+    # edge_index[0] for target_to_source (the authors' scatter_add(..., row)).
+    rows, cols = (edge[1], edge[0]) if flow == "source_to_target" else (edge[0], edge[1])
+    graph = _from_coo(rows, cols, values, num_nodes, reorder)
+    graph.flow = flow
+    return graph
 
 
 def _is_sparse_tensor(edge) -> bool:
@@ -515,9 +552,10 @@ def _identity(t) -> Tuple[list, list, tuple]:
 
 @torch.compiler.disable
 def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
-                 reorder: Optional[str] = None) -> CSRGraph:
+                 reorder: Optional[str] = None, flow: str = "source_to_target") -> CSRGraph:
     """:func:`build_graph`, remembered while the same (unmodified) tensors are passed again
-    (with the same ``reorder``): what the layer calls on every forward. A tensor is the same
+    (with the same ``reorder`` and ``flow``: a graph built for one flow is never returned for
+    the other): what the layer calls on every forward. A tensor is the same
     while it is the same object, alive, at the same address, of the same version (an in-place
     change bumps it); the last 16 graphs are kept.
 
@@ -526,6 +564,7 @@ def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
         num_nodes: int, the number of nodes.
         edge_weight: optional float Tensor [num_edges], as for :func:`build_graph`.
         reorder: as for :func:`build_graph`.
+        flow: as for :func:`build_graph`; part of the cache key.
 
     Returns:
         CSRGraph: the cached graph, or a new one (then cached).
@@ -543,13 +582,17 @@ def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
         >>> _ = edge_index.add_(0)  # an in-place change: built again
         >>> cached_graph(edge_index, 2) is g
         False
+        >>> t = cached_graph(edge_index, 2, flow="target_to_source")  # one entry per flow
+        >>> t is cached_graph(edge_index, 2), t.flow
+        (False, 'target_to_source')
     """
     reorder = check_reorder(reorder)
+    flow = checks.check_flow(flow)
     objs, versions, key = _identity(edge)
     if not objs:
-        return build_graph(edge, num_nodes, edge_weight, reorder)
+        return build_graph(edge, num_nodes, edge_weight, reorder, flow)
     w_objs, w_versions, w_key = _identity(edge_weight)
-    key = (key, w_key, num_nodes, reorder)
+    key = (key, w_key, num_nodes, reorder, flow)
     entry = _CACHE.get(key)
     if entry is not None:
         alive = all(r() is o for r, o in zip(entry.refs, objs + w_objs))
@@ -557,7 +600,7 @@ def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
             _CACHE.move_to_end(key)
             return entry.graph
         del _CACHE[key]
-    graph = build_graph(edge, num_nodes, edge_weight, reorder)
+    graph = build_graph(edge, num_nodes, edge_weight, reorder, flow)
     try:
         refs = [weakref.ref(o) for o in objs + w_objs]
     except TypeError:  # not weak-referenceable: do not cache

@@ -1,4 +1,5 @@
 """``FusedImplicitDiffusion``: DIGNN's implicit graph diffusion layer on the fused kernels."""
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -6,7 +7,7 @@ from torch import Tensor, nn
 
 from . import backends, solvers
 from .backends import available_backends, check_backend_storage, check_storage_dtype
-from .checks import check_int, check_scalars
+from .checks import check_flow, check_int, check_scalars
 from .distributed.graph import DistributedGraph
 from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
@@ -76,9 +77,19 @@ class FusedImplicitDiffusion(nn.Module):
             cost, or none); see :mod:`dignn_kernels.reorder`. Transparent: x, the output and
             every gradient stay in the caller's node order (a prebuilt :class:`CSRGraph`
             carries its own order and ignores this).
+        flow: which end of ``edge_index`` aggregates, named and valued as PyG's
+            ``MessagePassing(flow=...)``: ``"source_to_target"`` (default: row i of Delta sums
+            over the edges (j, i), at ``edge_index[1]``) or ``"target_to_source"`` (at
+            ``edge_index[0]``, as the authors' DIGNN code does; the same as passing
+            ``edge_index.flip(0)``). The two agree on undirected graphs. Not
+            ``"target_to_source"`` with a sparse-tensor graph (PyG's ``adj_t``: pass its
+            transpose). A prebuilt :class:`CSRGraph` records the flow it was built with
+            and the layer refuses one built for the other flow, as it refuses a
+            :class:`~dignn_kernels.distributed.DistributedGraph` whose partition was.
 
-    ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (messages flow
-    from ``edge_index[0]`` to ``edge_index[1]``), a torch sparse tensor or a torch_sparse
+    ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (by default
+    messages flow from ``edge_index[0]`` to ``edge_index[1]``; see ``flow``), a torch sparse
+    tensor or a torch_sparse
     ``SparseTensor`` (read as PyG's ``adj_t``), or a
     :class:`~dignn_kernels.distributed.DistributedGraph` (one rank's piece of a partitioned
     graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed
@@ -89,13 +100,15 @@ class FusedImplicitDiffusion(nn.Module):
     ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
     lambda_max(Delta)) gives a :class:`dignn_kernels.solvers.DivergenceWarning`.
 
-    Conventions for users of the authors' DIGNN code: this layer aggregates at
+    Conventions for users of the authors' DIGNN code: by default this layer aggregates at
     ``edge_index[1]`` (PyG's ``source_to_target`` flow: row i of Delta sums over the edges
     (j, i)), the authors' code at ``edge_index[0]``; on an undirected graph (both directions
-    stored) the two agree, on a directed one pass ``edge_index.flip(0)`` to reproduce theirs.
-    ``tol`` is relative (||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F) and ``max_iter`` counts
-    sweeps (Z_1 = X is the first), while the authors' ``threshold`` is an absolute bound on
-    ||Z_t - Z_{t-1}|| and their loop runs up to ``max_iter + 2`` applications of the map.
+    stored) the two agree, on a directed one pass ``flow="target_to_source"`` (or,
+    equivalently, ``edge_index.flip(0)``) to reproduce theirs. ``tol`` is relative
+    (||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F) and ``max_iter`` counts sweeps (Z_1 = X is the
+    first), while the authors' ``threshold`` is an absolute bound on ||Z_t - Z_{t-1}|| and
+    their loop runs up to ``max_iter + 2`` applications of the map. :meth:`from_authors`
+    builds the layer from their module or state dict with all of this mapped.
 
     Raises:
         ValueError: a constructor argument out of its range or not one of its choices (the
@@ -132,13 +145,16 @@ class FusedImplicitDiffusion(nn.Module):
     #: Whether a forward may read values back to the host (the ``sync_checks`` argument);
     #: the class default None, overridden per layer when the argument is given.
     sync_checks: Optional[bool] = None
+    #: The ``flow`` argument; the class default is what a layer pickled before the argument
+    #: existed reads back (it aggregated at ``edge_index[1]``).
+    flow: str = "source_to_target"
 
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
                  eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
                  check_every: Optional[int] = None, sync_checks: Optional[bool] = None,
                  storage_dtype: Optional[torch.dtype] = None,
-                 reorder: Optional[str] = None):
+                 reorder: Optional[str] = None, flow: str = "source_to_target"):
         super().__init__()
         check_int("in_channels", in_channels, 1)
         check_scalars(mu=mu)
@@ -159,6 +175,7 @@ class FusedImplicitDiffusion(nn.Module):
         if storage_dtype is not None and backend != "auto":
             check_backend_storage(backend, storage_dtype)
         self.reorder = check_reorder(reorder)
+        self.flow = check_flow(flow)
         self.in_channels = in_channels
         self.mu = float(mu)
         self.laplacian = laplacian
@@ -194,6 +211,128 @@ class FusedImplicitDiffusion(nn.Module):
         if self.laplacian == "neural":
             for lin in (self.theta_chi, self.theta_phi, self.theta_varphi):
                 lin.reset_parameters()
+
+    # ------------------------------------------------------- the authors' weights --
+    @classmethod
+    def from_authors(cls, source, prefix: Optional[str] = None,
+                     **overrides) -> "FusedImplicitDiffusion":
+        """The layer that computes what the authors' DIGNN code computes, from their module
+        or state dict (found by attribute and key names; their code is never imported).
+
+        What is read and how it maps:
+
+        - ``Theta_chi``, ``Theta_phi``, ``Theta_varphi`` (``nn.Linear(bias=False)`` of
+          ``ImplicitFunc_Neural``): copied into ``theta_chi``, ``theta_phi``,
+          ``theta_varphi`` (same shapes: [h, d], [h, h], [h, d]), ``laplacian="neural"``,
+          ``in_channels=d``, ``metric_channels=h``; the layer takes their dtype and device.
+          Without them (``ImplicitFunc_RW``, which has no weights): ``laplacian="rw"``, and
+          ``in_channels`` must be given.
+        - their ``mu`` and ``epsilon``: ``mu`` and ``eps``.
+        - ``flow="target_to_source"``: their implicit function aggregates at
+          ``edge_index[0]`` (``scatter_add(..., row)``), so the layer takes the same
+          ``edge_index`` they do.
+        - from a ``DEQFixedPoint`` (a module with ``func``, ``max_iter`` and ``threshold``):
+          their ``fwd_solver`` plus the final re-application apply the map up to
+          ``max_iter + 2`` times, so ``max_iter`` is theirs + 2 and ``tol=0.0``. Their
+          ``threshold`` bounds ||Z_t - Z_{t-1}||_F absolutely, which has no fixed relative
+          equivalent (it depends on ||Z||); ``tol=0`` always runs the whole budget, so the
+          layer may apply the map more times than their early stop does: its Z is at least
+          as converged. Pass ``tol=`` to stop early instead. Without a ``DEQFixedPoint``
+          (their implicit function, or a state dict) the layer's defaults stay.
+
+        ``overrides`` (any constructor argument: ``backend``, ``solver``, ``tol``,
+        ``max_iter``, even ``flow``) win over what is read.
+
+        Args:
+            source: their ``DEQFixedPoint``, their ``ImplicitFunc_Neural`` or
+                ``ImplicitFunc_RW``, a model holding one (their ``DIGNN_Neural`` holds the
+                ``DEQFixedPoint`` at ``model.model`` and the implicit function at
+                ``model.model.func``), or a state dict of any of these (``mu=`` must then be
+                given: a state dict holds no ``mu``; an ``ImplicitFunc_RW``'s is empty, so
+                give ``laplacian="rw"`` and ``in_channels=`` with it).
+            prefix: where to look when ``source`` holds more than one implicit function: a
+                submodule name (``"model.func"``) or a state-dict key prefix
+                (``"model.func"`` for the keys ``model.func.Theta_chi.weight`` etc.).
+            **overrides: constructor arguments of the layer, applied last.
+
+        Returns:
+            FusedImplicitDiffusion: the layer, its weights copied from ``source``.
+
+        Raises:
+            TypeError: ``source`` neither an ``nn.Module`` nor a mapping of names to tensors.
+            ValueError: more than one implicit function found (the message lists them: pass
+                ``prefix=``), none found, a ``Theta`` missing or of the wrong shape, ``mu``
+                not given with a state dict, ``in_channels`` not given for an
+                ``ImplicitFunc_RW``, an override that contradicts the weights (another
+                ``in_channels``, ``metric_channels`` or ``laplacian``), or an argument the
+                constructor refuses.
+
+        Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> from dignn_kernels import FusedImplicitDiffusion
+            >>> class Theirs(nn.Module):  # stands for their ImplicitFunc_Neural
+            ...     def __init__(self, d, h):
+            ...         super().__init__()
+            ...         self.mu, self.epsilon = 2.5, 1e-6
+            ...         self.Theta_chi = nn.Linear(d, h, bias=False)
+            ...         self.Theta_phi = nn.Linear(h, h, bias=False)
+            ...         self.Theta_varphi = nn.Linear(d, h, bias=False)
+            >>> theirs = Theirs(4, 3)
+            >>> layer = FusedImplicitDiffusion.from_authors(theirs, backend="torch")
+            >>> layer.flow, layer.mu, layer.metric_channels, layer.backend
+            ('target_to_source', 2.5, 3, 'torch')
+            >>> torch.equal(layer.theta_phi.weight, theirs.Theta_phi.weight)
+            True
+            >>> state = {f"model.func.{k}": v for k, v in theirs.state_dict().items()}
+            >>> FusedImplicitDiffusion.from_authors(state, mu=2.5).in_channels
+            4
+        """
+        found = (_authors_module(source, prefix) if isinstance(source, nn.Module) else
+                 _authors_state_dict(source, prefix, overrides.get("laplacian") == "rw"))
+        weights, mu, epsilon, their_max_iter = found
+        settings = {"flow": "target_to_source"}
+        if weights is not None:
+            h, d = weights["theta_chi"].shape
+            settings.update(laplacian="neural", in_channels=d, metric_channels=h)
+        else:
+            settings["laplacian"] = "rw"
+        if mu is not None:
+            settings["mu"] = mu
+        if epsilon is not None:
+            settings["eps"] = epsilon
+        if their_max_iter is not None:
+            # fwd_solver: one application before its loop, up to max_iter in it, and
+            # DEQFixedPoint.forward applies the map once more.
+            settings.update(max_iter=int(their_max_iter) + 2, tol=0.0)
+        if weights is not None:
+            for name in ("laplacian", "in_channels", "metric_channels"):
+                if name in overrides and overrides[name] != settings[name]:
+                    raise ValueError(
+                        f"{name}={overrides[name]!r} contradicts the authors' weights, which "
+                        f"give {name}={settings[name]!r} (Theta_chi is [h, d] = "
+                        f"{list(weights['theta_chi'].shape)}): leave {name} out")
+        elif overrides.get("laplacian") == "neural":
+            raise ValueError("laplacian='neural' but the source holds no Theta weights (the "
+                             "authors' ImplicitFunc_RW): the layer's would be random; leave "
+                             "laplacian out (it is 'rw' then)")
+        settings.update(overrides)
+        if "mu" not in settings:
+            raise ValueError("mu must be given (from_authors(state_dict, mu=...)): a state "
+                             "dict holds no mu; use their module's mu (their --mu)")
+        if "in_channels" not in settings:
+            raise ValueError("in_channels must be given for the authors' ImplicitFunc_RW, "
+                             "which has no weights to read it from: "
+                             "from_authors(..., in_channels=d)")
+        in_channels = settings.pop("in_channels")
+        layer = cls(in_channels, **settings)
+        if weights is not None:
+            like = weights["theta_chi"]
+            layer.to(device=like.device, dtype=like.dtype)
+            with torch.no_grad():
+                for name, w in weights.items():
+                    getattr(layer, name).weight.copy_(w)
+        return layer
 
     # ----------------------------------------------------------------- diagnostics --
     def _stat(self, index: int):
@@ -278,7 +417,8 @@ class FusedImplicitDiffusion(nn.Module):
                 float32 and returned in x's dtype), on the device of the layer's parameters.
             edge_index: int64 (or int32) Tensor [2, num_edges], messages from
                 ``edge_index[0]`` to ``edge_index[1]`` (row i aggregates over the edges
-                (j, i), as PyG's ``source_to_target``); or a torch sparse tensor / torch_sparse
+                (j, i), as PyG's ``source_to_target``; the other way round with
+                ``flow="target_to_source"``); or a torch sparse tensor / torch_sparse
                 ``SparseTensor`` [num_nodes, num_nodes] read as PyG's ``adj_t``; or a
                 prebuilt :class:`~dignn_kernels.CSRGraph` (what ``torch.compile`` wants); or a
                 :class:`~dignn_kernels.distributed.DistributedGraph` (x and Z: the owned rows).
@@ -306,7 +446,7 @@ class FusedImplicitDiffusion(nn.Module):
         if edge_device is not None and edge_device != x.device:
             raise ValueError(f"x is on {x.device} but the graph is on {edge_device}; move "
                              f"both to the same device")
-        graph = self._graph(x, edge_index, edge_weight, self.reorder)
+        graph = self._graph(x, edge_index, edge_weight, self.reorder, self.flow)
         backend = self._resolve_backend(x.device, graph.num_edges)
         self.backend_used = backend
         solver = solvers.resolve_solver(self.solver, graph.symmetric)
@@ -321,12 +461,12 @@ class FusedImplicitDiffusion(nn.Module):
 
     @staticmethod
     def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor],
-               reorder: str = "none") -> CSRGraph:
+               reorder: str = "none", flow: str = "source_to_target") -> CSRGraph:
         """The preprocessed graph: ``edge_index`` itself when it is a :class:`CSRGraph`
-        (what ``torch.compile(..., fullgraph=True)`` needs: the cache lookup is not traced),
-        else the cached build."""
+        (what ``torch.compile(..., fullgraph=True)`` needs: the cache lookup is not traced)
+        built for ``flow``, else the cached build for ``flow``."""
         if not isinstance(edge_index, CSRGraph):
-            return cached_graph(edge_index, x.size(0), edge_weight, reorder)
+            return cached_graph(edge_index, x.size(0), edge_weight, reorder, flow)
         if edge_weight is not None:
             raise ValueError("edge_weight goes into the CSRGraph: pass it to "
                              "dignn_kernels.build_graph(edge_index, num_nodes, edge_weight), "
@@ -334,6 +474,13 @@ class FusedImplicitDiffusion(nn.Module):
         if edge_index.num_nodes != x.size(0):
             raise ValueError(f"the CSRGraph has {edge_index.num_nodes} nodes but x has "
                              f"{x.size(0)} rows")
+        if edge_index.flow != flow:
+            # The CSR fixes which node aggregates; solving it under the other flow would be
+            # another model on a directed graph, with no error.
+            raise ValueError(f"the CSRGraph was built with flow={edge_index.flow!r} but the "
+                             f"layer has flow={flow!r}: build it with "
+                             f"dignn_kernels.build_graph(edge_index, num_nodes, "
+                             f"flow={flow!r}), or pass edge_index itself")
         if not torch.compiler.is_compiling():
             edge_index.check()  # once per graph; a no-op for graphs from build_graph
         return edge_index
@@ -373,6 +520,11 @@ class FusedImplicitDiffusion(nn.Module):
                              edge_weight: Optional[Tensor]) -> Tensor:
         """The owned rows of Z on one rank of a partitioned graph (x: the owned rows); see
         :mod:`dignn_kernels.distributed`."""
+        part_flow = getattr(graph.partition, "flow", "source_to_target")
+        if part_flow != self.flow:
+            raise ValueError(f"the DistributedGraph's partition was built with "
+                             f"flow={part_flow!r} but the layer has flow={self.flow!r}: "
+                             f"partition the graph with partition(..., flow={self.flow!r})")
         return distributed_forward(self, x, graph, edge_weight)
 
     def extra_repr(self) -> str:
@@ -382,7 +534,8 @@ class FusedImplicitDiffusion(nn.Module):
                 f"tol={self.tol}, eps={self.eps}, backend={self.backend!r}, "
                 f"solver={self.solver!r}" + (f", storage_dtype={self.storage_dtype}"
                                              if self.storage_dtype is not None else "")
-                + (f", reorder={self.reorder!r}" if self.reorder != "none" else ""))
+                + (f", reorder={self.reorder!r}" if self.reorder != "none" else "")
+                + f", flow={self.flow!r}")
 
 
 def _graph_device(edge) -> Optional[torch.device]:
@@ -391,3 +544,113 @@ def _graph_device(edge) -> Optional[torch.device]:
     if hasattr(edge, "device") and callable(edge.device):  # torch_sparse.SparseTensor
         return edge.device()
     return None
+
+
+# ------------------------------------------------------------ the authors' modules --
+
+#: Their names of the neural Laplacian's matrices, and ours (``nn.Linear`` both).
+_AUTHORS_THETAS = {"theta_chi": "Theta_chi", "theta_phi": "Theta_phi",
+                   "theta_varphi": "Theta_varphi"}
+
+
+def _listed(names) -> str:
+    return ", ".join(repr(n) if n else "(the source itself)" for n in names)
+
+
+def _checked_thetas(weights: dict, where: str) -> dict:
+    """The three matrices of shapes [h, d], [h, h], [h, d], floating, or a ValueError
+    naming the one that is not."""
+    for ours, t in weights.items():
+        if not (isinstance(t, Tensor) and t.dim() == 2 and t.is_floating_point()):
+            got = f"{t.dtype} {list(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{where}{_AUTHORS_THETAS[ours]}.weight must be a floating "
+                             f"matrix, got {got}")
+    h, d = weights["theta_chi"].shape
+    want = {"theta_chi": [h, d], "theta_phi": [h, h], "theta_varphi": [h, d]}
+    for ours, shape in want.items():
+        if list(weights[ours].shape) != shape:
+            raise ValueError(f"{where}{_AUTHORS_THETAS[ours]}.weight has shape "
+                             f"{list(weights[ours].shape)} but Theta_chi.weight is [h, d] = "
+                             f"{[h, d]}, so it must be {shape} (Theta_chi: d -> h, Theta_phi: "
+                             f"h -> h, Theta_varphi: d -> h)")
+    return weights
+
+
+def _authors_module(source: nn.Module, prefix: Optional[str]):
+    """(weights or None, mu, epsilon, max_iter) of the authors' module ``source``."""
+    root = source
+    if prefix:
+        try:
+            root = source.get_submodule(prefix)
+        except AttributeError:
+            raise ValueError(f"prefix={prefix!r} names no submodule of the source; its "
+                             f"submodules are {_listed(n for n, _ in source.named_modules())}"
+                             ) from None
+    holders = [(n, m) for n, m in root.named_modules()
+               if isinstance(getattr(m, "func", None), nn.Module)
+               and hasattr(m, "max_iter") and hasattr(m, "threshold")]
+    neural = [(n, m) for n, m in root.named_modules()
+              if all(isinstance(getattr(m, t, None), nn.Module)
+                     for t in _AUTHORS_THETAS.values())]
+    for kind, found in (("DEQFixedPoint modules (func, max_iter, threshold)", holders),
+                        ("implicit functions (Theta_chi, Theta_phi, Theta_varphi)", neural)):
+        if len(found) > 1:
+            raise ValueError(f"the source holds {len(found)} {kind}: "
+                             f"{_listed(n for n, _ in found)}; pass prefix= naming the one to "
+                             f"load")
+    if holders:
+        holder = holders[0][1]
+        func, max_iter = holder.func, holder.max_iter
+    elif neural:
+        func, max_iter = neural[0][1], None
+    elif hasattr(root, "mu") and not any(True for _ in root.parameters()):
+        func, max_iter = root, None  # ImplicitFunc_RW: mu and nothing else
+    else:
+        raise ValueError(f"found no DIGNN implicit function in the {type(root).__name__}: "
+                         f"neither a module with Theta_chi, Theta_phi and Theta_varphi "
+                         f"(ImplicitFunc_Neural), nor a DEQFixedPoint (func, max_iter, "
+                         f"threshold), nor an ImplicitFunc_RW (mu, no parameters)")
+    if not hasattr(func, "mu"):
+        raise ValueError(f"the authors' implicit function ({type(func).__name__}) has no mu")
+    if all(isinstance(getattr(func, t, None), nn.Module) for t in _AUTHORS_THETAS.values()):
+        weights = _checked_thetas({ours: getattr(getattr(func, t), "weight", None)
+                                   for ours, t in _AUTHORS_THETAS.items()},
+                                  f"{type(func).__name__}.")
+        weights = {k: w.detach() for k, w in weights.items()}
+        return weights, func.mu, getattr(func, "epsilon", None), max_iter
+    return None, func.mu, None, max_iter
+
+
+def _authors_state_dict(source, prefix: Optional[str], rw_given: bool):
+    """(weights or None, None, None, None) of a state dict of the authors' modules; None
+    weights (an ImplicitFunc_RW's empty state dict) only when ``laplacian="rw"`` was
+    given."""
+    if not isinstance(source, Mapping):
+        raise TypeError(f"source must be the authors' module (an nn.Module) or a state dict "
+                        f"(a mapping of names to tensors), got {type(source).__name__}")
+    start = prefix.rstrip(".") + "." if prefix else ""
+    keys = [k for k in source if isinstance(k, str) and k.startswith(start)]
+    if prefix and not keys and not rw_given:
+        raise ValueError(f"prefix={prefix!r} matches no key of the state dict")
+    chi = "Theta_chi.weight"
+    groups = [k[: len(k) - len(chi)] for k in keys if k == start + chi or
+              k.endswith("." + chi)]
+    if len(groups) > 1:
+        raise ValueError(f"the state dict holds {len(groups)} sets of Theta weights, under "
+                         f"{_listed(g.rstrip('.') for g in groups)}; pass prefix= naming the "
+                         f"one to load")
+    if not groups:
+        if rw_given:
+            return None, None, None, None
+        raise ValueError("the state dict holds no Theta_chi.weight (under any prefix): for "
+                         "the authors' ImplicitFunc_RW, whose state dict is empty, pass "
+                         "laplacian='rw', in_channels= and mu= (or pass their module)")
+    group = groups[0]
+    missing = [group + t + ".weight" for t in _AUTHORS_THETAS.values()
+               if group + t + ".weight" not in source]
+    if missing:
+        raise ValueError(f"the state dict lacks {', '.join(missing)} (next to "
+                         f"{group + chi})")
+    weights = _checked_thetas({ours: source[group + t + ".weight"]
+                               for ours, t in _AUTHORS_THETAS.items()}, group)
+    return {k: w.detach() for k, w in weights.items()}, None, None, None

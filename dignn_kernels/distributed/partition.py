@@ -13,7 +13,10 @@ per owner. The reverse of the same plan (halo rows back to their owners, summed 
 the adjoint on directed graphs and the gradients of halo rows.
 
 Edge convention as in PyG and :mod:`dignn_kernels.graph`: ``edge_index[0] -> edge_index[1]``,
-row i of the CSR holds the sources j that node i aggregates from.
+row i of the CSR holds the sources j that node i aggregates from; with
+``flow="target_to_source"`` (the authors' DIGNN code) row i is ``edge_index[0]``. The partition
+records its flow (and keeps it in its file), and the layer refuses a partition built for
+another flow than its own.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..archive import load_checked
+from ..checks import FLOWS, check_flow
 from ..graph import CSRGraph, build_graph
 from ..csr import csr_rows, diagonal_index
 
@@ -159,6 +163,8 @@ class GraphPartition:
         symmetric: whether the whole graph's edge values are symmetric.
         pieces: one dict of tensors per rank (the fields above).
         seconds: the wall time of the partitioning.
+        flow: the ``flow`` the graph was read with (``"source_to_target"``, PyG's default,
+            or ``"target_to_source"``; see :func:`partition`).
 
     Example:
         >>> import torch
@@ -172,8 +178,10 @@ class GraphPartition:
     """
 
     def __init__(self, num_nodes: int, parts: int, method: str, assignment: Tensor,
-                 symmetric: bool, pieces: List[Dict[str, Tensor]], seconds: float = 0.0):
+                 symmetric: bool, pieces: List[Dict[str, Tensor]], seconds: float = 0.0,
+                 flow: str = "source_to_target"):
         self.num_nodes, self.parts, self.method = int(num_nodes), int(parts), method
+        self.flow = check_flow(flow)
         self.assignment = assignment
         self.symmetric = bool(symmetric)
         self.pieces = pieces
@@ -183,7 +191,8 @@ class GraphPartition:
     @classmethod
     def from_assignment(cls, edge_index: Union[Tensor, CSRGraph], num_nodes: int,
                         assignment: Tensor, parts: int, edge_weight: Optional[Tensor] = None,
-                        method: str = "given") -> "GraphPartition":
+                        method: str = "given", flow: str = "source_to_target"
+                        ) -> "GraphPartition":
         """The partition in which node i belongs to rank ``assignment[i]`` (any split: ranks
         may own no nodes or no edges).
 
@@ -194,12 +203,14 @@ class GraphPartition:
             parts: int >= 1, the ranks.
             edge_weight: optional float Tensor [num_edges].
             method: the name kept in the partition (and its stats).
+            flow: as for :func:`partition`.
 
         Returns:
             GraphPartition: the partition.
 
         Raises:
-            ValueError: ``parts`` < 1, or an assignment of the wrong shape or out of range.
+            ValueError: ``parts`` < 1, an assignment of the wrong shape or out of range, or a
+                ``flow`` as :func:`partition` refuses it.
 
         Example:
             >>> import torch
@@ -211,11 +222,11 @@ class GraphPartition:
         """
         parts = _check_parts(parts)
         began = time.perf_counter()
-        graph = _as_graph(edge_index, num_nodes, edge_weight)
+        graph = _as_graph(edge_index, num_nodes, edge_weight, flow)
         assignment = _check_assignment(assignment, graph.num_nodes, parts)
         pieces = _pieces(graph, assignment, parts)
         return cls(graph.num_nodes, parts, method, assignment, graph.symmetric, pieces,
-                   time.perf_counter() - began)
+                   time.perf_counter() - began, graph.flow)
 
     # ------------------------------------------------------------------ queries --
     def _rank(self, rank: int) -> int:
@@ -291,7 +302,7 @@ class GraphPartition:
             torch.save({"format": _FORMAT, "num_nodes": self.num_nodes, "parts": self.parts,
                         "method": self.method, "symmetric": self.symmetric,
                         "seconds": self.seconds, "assignment": self.assignment,
-                        "pieces": self.pieces},
+                        "pieces": self.pieces, "flow": self.flow},
                        path if hasattr(path, "write") else os.fspath(path))
         finally:
             torch.serialization.set_crc32_options(crc)
@@ -334,17 +345,20 @@ class GraphPartition:
             raise ValueError(f"{path!r} is not a partition written by GraphPartition.save "
                              f"(format {_FORMAT}); partition the graph again and save it")
         _check_stored(path, data)
+        # files written before partitions kept their flow hold PyG's default
         return cls(data["num_nodes"], data["parts"], data["method"], data["assignment"],
-                   data["symmetric"], data["pieces"], data["seconds"])
+                   data["symmetric"], data["pieces"], data["seconds"],
+                   data.get("flow", "source_to_target"))
 
     def __repr__(self) -> str:
         return (f"GraphPartition(num_nodes={self.num_nodes}, parts={self.parts}, "
-                f"method={self.method!r}, halo={[int(p['halo'].numel()) for p in self.pieces]})")
+                f"method={self.method!r}, halo={[int(p['halo'].numel()) for p in self.pieces]}"
+                + (f", flow={self.flow!r}" if self.flow != "source_to_target" else "") + ")")
 
 
 def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
               method: str = "contiguous", edge_weight: Optional[Tensor] = None,
-              seed: int = 0) -> GraphPartition:
+              seed: int = 0, flow: str = "source_to_target") -> GraphPartition:
     """Splits the nodes of a graph (``edge_index`` in PyG's convention, or a
     :class:`~dignn_kernels.graph.CSRGraph` from :func:`~dignn_kernels.build_graph`) over
     ``parts`` ranks: ``method="contiguous"`` (blocks of consecutive ids of about equal work) or
@@ -352,20 +366,26 @@ def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
     do not follow their communities; ``seed`` is METIS's).
 
     Args:
-        edge_index: int64 Tensor [2, num_edges] (PyG's flow: ``edge_index[1]`` aggregates
-            over ``edge_index[0]``), or a :class:`~dignn_kernels.CSRGraph`.
+        edge_index: int64 Tensor [2, num_edges] (read for ``flow``: by default
+            ``edge_index[1]`` aggregates over ``edge_index[0]``), or a
+            :class:`~dignn_kernels.CSRGraph` (built with the same ``flow``).
         num_nodes: int, the number of nodes.
         parts: int >= 1, the ranks (``torch.distributed.get_world_size()``).
         method: one of :data:`METHODS`.
         edge_weight: optional float Tensor [num_edges] (not with a CSRGraph).
         seed: METIS's seed.
+        flow: PyG's ``MessagePassing(flow=...)``, as for
+            :func:`~dignn_kernels.build_graph`: ``"source_to_target"`` (default) or
+            ``"target_to_source"`` (row i aggregates at ``edge_index[0]``, the authors'
+            DIGNN code). The partition keeps it; a layer solving on it must have the same
+            ``flow``.
 
     Returns:
         GraphPartition: the assignment and every rank's piece.
 
     Raises:
-        ValueError: ``parts`` < 1, an unknown ``method``, or a graph :func:`build_graph`
-            refuses.
+        ValueError: ``parts`` < 1, an unknown ``method`` or ``flow``, a CSRGraph built with
+            another ``flow``, or a graph :func:`build_graph` refuses.
         ImportError: ``method="metis"`` without ``pymetis`` installed.
 
     Example:
@@ -375,19 +395,21 @@ def partition(edge_index: Union[Tensor, CSRGraph], num_nodes: int, parts: int,
         >>> part = partition(edge_index, 4, parts=2)
         >>> part.assignment
         tensor([0, 0, 1, 1])
+        >>> partition(edge_index, 4, parts=2, flow="target_to_source").flow
+        'target_to_source'
     """
     parts = _check_parts(parts)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     began = time.perf_counter()
-    graph = _as_graph(edge_index, num_nodes, edge_weight)
+    graph = _as_graph(edge_index, num_nodes, edge_weight, flow)
     if method == "metis":
         assignment = metis_assignment(graph, parts, seed)
     else:
         assignment = contiguous_assignment(graph, parts)
     pieces = _pieces(graph, assignment, parts)
     return GraphPartition(graph.num_nodes, parts, method, assignment, graph.symmetric, pieces,
-                          time.perf_counter() - began)
+                          time.perf_counter() - began, graph.flow)
 
 
 def _bad_file(path: str, why: str) -> ValueError:
@@ -415,6 +437,8 @@ def _check_stored(path: str, data: dict) -> None:
         raise _bad_file(path, f"num_nodes is {n!r}, not an integer >= 0")
     if not is_int(parts) or parts < 1:
         raise _bad_file(path, f"parts is {parts!r}, not an integer >= 1")
+    if data.get("flow", FLOWS[0]) not in FLOWS:
+        raise _bad_file(path, f"its flow is {data['flow']!r}, not one of {FLOWS}")
     if not isinstance(data["method"], str) or not isinstance(data["symmetric"], bool) or \
             not isinstance(data["seconds"], (int, float)) or isinstance(data["seconds"], bool):
         raise _bad_file(path, "method, symmetric and seconds must be a string, a bool and a "
@@ -466,10 +490,15 @@ def _check_stored(path: str, data: dict) -> None:
 
 # ----------------------------------------------------------------------- helpers --
 
-def _as_graph(edge_index, num_nodes, edge_weight) -> CSRGraph:
+def _as_graph(edge_index, num_nodes, edge_weight, flow: str) -> CSRGraph:
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
         raise ValueError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
+    flow = check_flow(flow)
     if isinstance(edge_index, CSRGraph):
+        if edge_index.flow != flow:
+            raise ValueError(f"the CSRGraph was built with flow={edge_index.flow!r} but "
+                             f"flow={flow!r}: pass flow={edge_index.flow!r} (or build the "
+                             f"graph with flow={flow!r})")
         if edge_weight is not None:
             raise ValueError("edge_weight goes into the CSRGraph: pass it to build_graph, not "
                              "with a prebuilt graph")
@@ -478,7 +507,7 @@ def _as_graph(edge_index, num_nodes, edge_weight) -> CSRGraph:
                              f"{num_nodes}")
         graph = edge_index.check()
     else:
-        graph = build_graph(edge_index, num_nodes, edge_weight)
+        graph = build_graph(edge_index, num_nodes, edge_weight, flow=flow)
     if graph.device.type != "cpu":
         raise ValueError(f"partition on the CPU: the graph is on {graph.device}; pass "
                          f"edge_index.cpu() (DistributedGraph moves each piece to its device)")

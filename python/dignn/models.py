@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dignn_kernels import FusedImplicitDiffusion
+from dignn_kernels.checks import check_flow
 
 _STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,13 +59,19 @@ DIGNN_LAPLACIANS = ("neural", "rw")
 
 
 def adjacency_matrix(edge_index: Tensor, num_nodes: int, norm: str = "none",
-                     dtype: torch.dtype = torch.float32) -> Tensor:
+                     dtype: torch.dtype = torch.float32,
+                     flow: str = "source_to_target") -> Tensor:
     """The adjacency A as a coalesced sparse COO tensor, row i holding the sources j of the
-    messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper).
+    messages j -> i (PyG's flow; symmetric for the undirected graphs of the paper); with
+    ``flow="target_to_source"`` row i holds the j of the edges (i, j), at ``edge_index[0]``
+    (the authors' ``SparseTensor(row=edge_index[0], col=edge_index[1])``).
     Duplicate edges count once. ``norm``: ``"none"`` (binary A, the paper's), ``"rw"``
     (D^-1 A: neighbour means) or ``"sym"`` (D^-1/2 A D^-1/2); values of ``dtype``."""
     _check_choice("norm", norm, ADJ_NORMS)
-    key = torch.unique(edge_index[1].long() * num_nodes + edge_index[0].long())
+    check_flow(flow)
+    target, source = (edge_index[1], edge_index[0]) if flow == "source_to_target" else \
+        (edge_index[0], edge_index[1])
+    key = torch.unique(target.long() * num_nodes + source.long())
     rows, cols = key // num_nodes, key % num_nodes
     values = torch.ones(key.numel(), dtype=dtype, device=edge_index.device)
     if norm != "none":
@@ -220,6 +227,11 @@ class DIGNNNodeClassifier(nn.Module):
             ``"rcm"``, ``"degree"``, ``"community"``; see :mod:`dignn_kernels.reorder`).
         solver: the implicit layer's solver, ``"fixed_point"`` (the paper's iteration),
             ``"cg"`` (exact for every mu > 0 on symmetric graphs) or ``"anderson"``.
+        flow: how ``edge_index`` is read, as PyG's ``MessagePassing(flow=...)``:
+            ``"source_to_target"`` (default: node ``edge_index[1]`` aggregates over
+            ``edge_index[0]``) or ``"target_to_source"`` (node ``edge_index[0]`` aggregates,
+            as in the authors' code), by the implicit layer and by the A of the ``"adj"`` and
+            ``"linkx"`` input units alike (see :class:`FusedImplicitDiffusion`).
 
     ``forward(x, edge_index)`` returns logits [num_nodes, num_classes]. ``x`` may be a sparse
     CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
@@ -227,12 +239,13 @@ class DIGNNNodeClassifier(nn.Module):
     the owned rows' logits on one process of a partitioned graph (:mod:`dignn.distributed`).
     ``edge_index`` is read as PyG reads it (node ``edge_index[1]`` aggregates over
     ``edge_index[0]``); the authors' code aggregates at ``edge_index[0]``: pass
-    ``edge_index.flip(0)`` to reproduce it on a directed graph.
+    ``flow="target_to_source"`` (or, equivalently, ``edge_index.flip(0)``) to reproduce it on
+    a directed graph.
 
     Raises:
         ValueError: a width not a positive integer, an unknown ``input_unit``, ``adj_norm``,
-            ``laplacian``, a dropout outside [0, 1), ``"linkx"`` without ``num_nodes``, or
-            an argument the implicit layer refuses (see
+            ``laplacian``, ``flow``, a dropout outside [0, 1), ``"linkx"`` without
+            ``num_nodes``, or an argument the implicit layer refuses (see
             :class:`~dignn_kernels.FusedImplicitDiffusion`).
 
     Example:
@@ -248,6 +261,10 @@ class DIGNNNodeClassifier(nn.Module):
         True
     """
 
+    #: How ``edge_index`` is read (the ``flow`` argument); the class default is what a model
+    #: pickled before the argument existed reads back.
+    flow: str = "source_to_target"
+
     def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
                  input_unit: str = "mlp", num_nodes: Optional[int] = None,
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
@@ -255,12 +272,13 @@ class DIGNNNodeClassifier(nn.Module):
                  metric_channels: Optional[int] = None, backend: str = "auto",
                  adj_norm: str = "none", solver: str = "fixed_point",
                  input_dropout: Optional[float] = None, storage_dtype=None,
-                 reorder: str = "none"):
+                 reorder: str = "none", flow: str = "source_to_target"):
         super().__init__()
         _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
         _check_choice("input_unit", input_unit, INPUT_UNITS)
         _check_choice("adj_norm", adj_norm, ADJ_NORMS)
         self.adj_norm = adj_norm
+        self.flow = check_flow(flow)
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
         _check_dropout(dropout)
         if input_dropout is None:
@@ -281,7 +299,8 @@ class DIGNNNodeClassifier(nn.Module):
         self.norm_in = nn.BatchNorm1d(hidden)
         self.diffusion = _implicit_layer(
             hidden, storage_dtype, mu=mu, laplacian=laplacian, metric_channels=metric_channels,
-            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder)
+            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder,
+            flow=flow)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_refs = None
@@ -295,7 +314,8 @@ class DIGNNNodeClassifier(nn.Module):
         if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
                 refs[2] != versions:
             dtype = self.lin_in.weight.dtype
-            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm, dtype).to(x.device)
+            adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm, dtype,
+                                   self.flow).to(x.device)
             if self.input_unit == "adj":
                 dense_x = x.to_dense() if x.layout != torch.strided else x
                 feats = torch.sparse.mm(adj, dense_x.to(dtype))
@@ -350,7 +370,7 @@ class DIGNNNodeClassifier(nn.Module):
 
         Args:
             x: float Tensor [num_nodes, in_channels], dense or sparse (CSR/COO).
-            edge_index: int64 Tensor [2, num_edges] (PyG's flow), or a :class:`NodeShard`
+            edge_index: int64 Tensor [2, num_edges] (read for ``flow``), or a :class:`NodeShard`
                 (then x holds the owned rows).
 
         Returns:
@@ -385,6 +405,9 @@ class DIGNNGraphClassifier(nn.Module):
             (>= 0, default 1); the authors' code uses 3 and 3.
         metric_channels, backend, solver, storage_dtype, reorder: as for
             :class:`DIGNNNodeClassifier`.
+        flow: how the implicit layer reads ``edge_index``: ``"source_to_target"`` (PyG's
+            default) or ``"target_to_source"`` (the authors' code; see
+            :class:`~dignn_kernels.FusedImplicitDiffusion`).
 
     ``forward(x, edge_index, batch, num_graphs=None)`` returns logits [num_graphs,
     num_classes].
@@ -412,7 +435,8 @@ class DIGNNGraphClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
                  node_layers: int = 1, graph_layers: int = 1,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 solver: str = "fixed_point", storage_dtype=None, reorder: str = "none"):
+                 solver: str = "fixed_point", storage_dtype=None, reorder: str = "none",
+                 flow: str = "source_to_target"):
         super().__init__()
         _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
         _check_choice("laplacian", laplacian, DIGNN_LAPLACIANS)
@@ -425,7 +449,8 @@ class DIGNNGraphClassifier(nn.Module):
         self.norm_in = nn.BatchNorm1d(hidden)
         self.diffusion = _implicit_layer(
             hidden, storage_dtype, mu=mu, laplacian=laplacian, metric_channels=metric_channels,
-            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder)
+            max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder,
+            flow=flow)
         self.node_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(node_layers))
         self.graph_mlp = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(graph_layers))
         self.classifier = nn.Linear(hidden, num_classes)
