@@ -13,6 +13,12 @@
 #             with CUDA kernels is installed and the phases do not include "all")
 #   tests     `pytest -m cuda tests`: the GPU tests (356 on 2026-11-27; the first GPU run took
 #             77 s for 149), correctness before any timing
+#   peers     bench/peers.py: this layer (each GPU backend), the authors' implicit layer (from
+#             the checkout staged in .bench_data/authors_dignn, or $DIGNN_AUTHORS), torchdeq's
+#             DEQ (its wheel staged in .bench_data/wheels) and the plain PyG composition, on the
+#             same graphs and weights in one process: agreement with the float64 oracle, step
+#             time, peak memory; a peer that is not there is recorded as absent. Before bench,
+#             whose summary takes the ratios to the peers from this phase's JSON
 #   bench     bench/test_gpu_speed.py: the layer step on cornell5 and the Penn94-shaped graphs
 #             against the plain composition and the paper's algorithm, the cached sweep against
 #             its gather floor, the cg sweep, 16-bit storage on the products-sized graph, the
@@ -32,24 +38,28 @@
 # The run record is rewritten after every phase, so whatever happens to the call, $OUT holds
 # the state of every phase that ended. Caps and floors (seconds), each cap overridable:
 #   build 200/60 (BUILD_TIMEOUT), tests 220/60 (TESTS_TIMEOUT; one test at most
-#   TEST_TIMEOUT=120 s, in TEST_WORKERS=4 processes: see the tests phase below), bench
+#   TEST_TIMEOUT=120 s, in TEST_WORKERS=4 processes: see the tests phase below), peers 150/60
+#   (PEERS_TIMEOUT; the harness stops starting measurements 20 s before its limit), bench
 #   200/60 (BENCH_TIMEOUT), locality 240/90 (LOCALITY_TIMEOUT), epochs 100/40
 #   (EPOCHS_TIMEOUT), kernels 90/40 (KERNELS_TIMEOUT).
 # Estimates for an H100 (none of them measured yet as phases of this script): build 40 s,
-# tests 100-200 s, bench 100-170 s, locality 100-170 s (the block model of 124M CSR entries is
-# drawn on the CPU: 37 s on one core of a 2-core CPU machine; its RCM order, scipy on the CPU,
-# 17 s there, computed twice, for "rcm" and for "auto"), epochs about 100 s. So one call
-# usually ends within the budget after locality; what did not fit is listed in the run record
+# tests 100-200 s, peers 60-150 s (the authors' layer's step was 273-384 ms on the first
+# run's H100; the harness stops at its budget), bench 100-170 s, locality 100-170 s (the block
+# model of 124M CSR entries is drawn on the CPU: 37 s on one core of a 2-core CPU machine; its
+# RCM order, scipy on the CPU, 17 s there, computed twice, for "rcm" and for "auto"), epochs
+# about 100 s. So one call usually ends within the budget after bench or locality; what did
+# not fit is listed in the run record
 # as "skipped: out of time", and a second call right after the first, while the machine is
 # still warm (it is given back 30 s after a call), runs the rest without a build:
-#   run(command="bash bench/gpu_session.sh epochs,kernels", carry=[".bench_data"],
-#       timeout_s=300)
+#   run(command="bash bench/gpu_session.sh locality,epochs,kernels", carry=[".bench_data"],
+#       timeout_s=400)
 #
 # Everything lands in $OUT (the files that come back: at most 8), named as they go under
 # bench/results/:
 #   gpu_<device>_run.json      device, versions, budget, every phase's rc, seconds and status,
 #                              test pass/fail/skip counts (gpu_<device>_<phases>_run.json for
 #                              phases other than all)
+#   gpu_<device>_peers.json    the peers harness's record (bench/peers.py's format)
 #   gpu_<device>.json          the pytest-benchmark JSON of bench
 #   gpu_<device>_summary.txt   bench's table and every goal met or missed
 #   gpu_<device>_epochs.json   ms per `dignn train` epoch per dataset and backend
@@ -65,7 +75,7 @@
 # names ".bench_data". Graphs whose files are missing are skipped and the summaries say so.
 set -x -o pipefail
 
-ALL_PHASES="tests,bench,locality,epochs,kernels"
+ALL_PHASES="tests,peers,bench,locality,epochs,kernels"
 ASKED="${1:-all}"
 PHASES="$ASKED"
 [ "$ASKED" = "all" ] && PHASES="$ALL_PHASES"
@@ -240,7 +250,28 @@ for phase in ${PHASES//,/ }; do
       run_phase tests "${TESTS_TIMEOUT:-220}" 60 \
         $PY -m pytest -m cuda tests -q -rs -p no:cacheprovider --durations=25 \
         "${test_options[@]}" --junitxml="$SCRATCH/tests.xml" ;;
+    peers)
+      # torchdeq from the staged wheel where the machine lacks it (it has no network)
+      if ! $PY -c 'import torchdeq' 2>/dev/null; then
+        for wheel in .bench_data/wheels/torchdeq-*.whl; do
+          [ -f "$wheel" ] && $PY -m pip install --quiet --no-deps "$wheel"
+        done
+      fi
+      authors="${DIGNN_AUTHORS:-}"
+      if [ -z "$authors" ] && [ -f .bench_data/authors_dignn/nodeclassification/src/layers.py ]; then
+        authors="$PWD/.bench_data/authors_dignn"
+      fi
+      peers_cap="${PEERS_TIMEOUT:-150}"
+      peers_left=$(( BUDGET - SECONDS - RESERVE ))
+      peers_given=$(( peers_cap < peers_left ? peers_cap : peers_left ))
+      PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" \
+        run_phase peers "$peers_cap" 60 \
+        $PY bench/peers.py --device cuda ${authors:+--authors "$authors"} \
+        --graphs cornell5,penn94_like,chameleon-directed,cora \
+        --budget-s $(( peers_given > 40 ? peers_given - 20 : 20 )) \
+        --out "$OUT/gpu_${slug}_peers.json" ;;
     bench)
+      DIGNN_PEERS_JSON="$OUT/gpu_${slug}_peers.json" \
       DIGNN_BENCH_SUMMARY="$OUT/gpu_${slug}_summary.txt" \
         run_phase bench "${BENCH_TIMEOUT:-200}" 60 \
         $PY -m pytest bench/test_gpu_speed.py -q -s -rs -p no:cacheprovider \
@@ -263,14 +294,15 @@ write_run
 
 if [ "$slug" != "none" ]; then
   mkdir -p bench/results
-  for f in "$run_name" "gpu_${slug}.json" "gpu_${slug}_summary.txt" \
+  for f in "$run_name" "gpu_${slug}.json" "gpu_${slug}_summary.txt" "gpu_${slug}_peers.json" \
            "gpu_${slug}_epochs.json" "gpu_${slug}_locality.json" \
            "gpu_${slug}_locality_summary.txt"; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" bench/results/
   done
 fi
 rm -rf "$SCRATCH"
-# At most 8 files come back from a device call: session.log, the run record, bench's JSON and
-# summary, the epochs' JSON, the locality JSON and summary (7), and build.log if it failed.
+# At most 8 files come back from a device call: session.log, the run record, the peers' JSON,
+# bench's JSON and summary, the epochs' JSON, the locality JSON and summary (8); build.log
+# takes the place of the others when the build failed (then no phase ran).
 ls -la "$OUT"
 [ "$build_ok" -eq 1 ]

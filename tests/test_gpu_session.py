@@ -86,7 +86,7 @@ def test_session_refuses_an_unknown_phase(tmp_path):
     proc, _ = _session(tmp_path, "tests,benchmarks")
     assert proc.returncode == 2
     assert "unknown phase 'benchmarks'" in proc.stderr
-    assert "tests,bench,locality,epochs,kernels" in proc.stderr
+    assert "tests,peers,bench,locality,epochs,kernels" in proc.stderr
 
 
 BENCH_MODULE = '''
@@ -154,3 +154,55 @@ def test_a_whole_benchmark_run_states_and_checks_its_goals(tmp_path):
     assert not text.startswith("INTERRUPTED")
     assert "second <= 3 ms: MISSED" in text
     assert proc.returncode == 1 and "goals missed" in proc.stdout  # the summary test fails
+
+
+PEER_LINES = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import test_gpu_speed as speed
+record = {"schema": "dignn-peers/1", "results": [
+    {"graph": "cornell5", "peer": "dignn-cuda", "status": "ok", "time": {"median_ms": 2.0}},
+    {"graph": "cornell5", "peer": "dignn-triton", "status": "ok", "time": {"median_ms": 2.5}},
+    {"graph": "cornell5", "peer": "authors", "status": "ok", "time": {"median_ms": 300.0}},
+    {"graph": "cornell5", "peer": "torchdeq-fixed_point", "status": "ok",
+     "time": {"median_ms": 30.0}},
+    {"graph": "cornell5", "peer": "torchdeq-anderson", "status": "ok",
+     "time": {"median_ms": 16.0}},
+    {"graph": "penn94_like", "peer": "dignn-cuda", "status": "ok", "time": {"median_ms": 3.0}},
+    {"graph": "penn94_like", "peer": "authors", "status": "absent: no checkout given"},
+    {"graph": "penn94_like", "peer": "torchdeq-anderson", "status": "ok",
+     "time": {"median_ms": 60.0}}]}
+with open(sys.argv[2], "w") as f:
+    json.dump(record, f)
+import os
+os.environ["DIGNN_PEERS_JSON"] = sys.argv[2]
+lines = []
+checks = speed._peer_lines(lines)
+print(json.dumps({"lines": lines, "checks": checks}))
+os.environ["DIGNN_PEERS_JSON"] = sys.argv[2] + ".missing"
+lines = []
+print(json.dumps({"lines": lines, "checks": speed._peer_lines(lines)}))
+'''
+
+
+def test_the_gpu_summary_takes_peer_ratios_from_one_peers_run(tmp_path):
+    """bench/test_gpu_speed.py states its goals against the authors' layer and torchdeq from
+    the peers phase's record of the same session (ratios within that one run, the faster
+    torchdeq solver), says which peer was absent and why, and states no ratio without it."""
+    proc = subprocess.run([sys.executable, "-c", PEER_LINES, str(REPO / "bench"),
+                           str(tmp_path / "peers.json")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=_child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    present, missing = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    checks = [text for _, text in present["checks"]]
+    assert [ok for ok, _ in present["checks"]] == [True, False, True], checks
+    assert checks[0].startswith("cornell5 dignn-cuda (2.00 ms) vs authors (300.0 ms)")
+    assert "150.00x (goal >= 120x)" in checks[0]
+    # the faster torchdeq solver, 16 ms: 8x, short of the 10x goal
+    assert "vs torchdeq-anderson (16.0 ms)" in checks[1] and "8.00x" in checks[1]
+    assert "MISSED" in checks[1]
+    assert "penn94_like dignn-cuda (3.00 ms) vs torchdeq-anderson" in checks[2]
+    assert any("authors not timed (absent: no checkout given)" in line
+               for line in present["lines"])
+    assert missing["checks"] == []
+    assert "no ratio to them is stated" in missing["lines"][0]
