@@ -116,7 +116,7 @@ def check_flow(flow) -> str:
         >>> check_flow("in")
         Traceback (most recent call last):
         ...
-        ValueError: flow must be 'source_to_target' or 'target_to_source' (as PyG's MessagePassing(flow=...)), got 'in'
+        ValueError: flow must be 'source_to_target' or 'target_to_source' ..., got 'in'
     """
     if not isinstance(flow, str) or flow not in FLOWS:
         raise ValueError(f"flow must be {FLOWS[0]!r} or {FLOWS[1]!r} (as PyG's "

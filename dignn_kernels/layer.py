@@ -246,8 +246,8 @@ class FusedImplicitDiffusion(nn.Module):
         Args:
             source: their ``DEQFixedPoint``, their ``ImplicitFunc_Neural`` or
                 ``ImplicitFunc_RW``, a model holding one (their ``DIGNN_Neural`` holds the
-                ``DEQFixedPoint`` at ``model.model`` and the implicit function at
-                ``model.model.func``), or a state dict of any of these (``mu=`` must then be
+                ``DEQFixedPoint`` as its attribute ``model``, the implicit function at
+                ``model.func``), or a state dict of any of these (``mu=`` must then be
                 given: a state dict holds no ``mu``; an ``ImplicitFunc_RW``'s is empty, so
                 give ``laplacian="rw"`` and ``in_channels=`` with it).
             prefix: where to look when ``source`` holds more than one implicit function: a
