@@ -108,9 +108,10 @@ def _interpreted_triton():
 
 @pytest.mark.parametrize("flow,solver,laplacian", [
     ("source_to_target", "fixed_point", "neural"), ("target_to_source", "fixed_point", "neural"),
-    ("target_to_source", "anderson", "neural"), ("target_to_source", "cg", "rw")])
+    ("target_to_source", "cg", "rw")])
 def test_triton_interpreter_matches_dense_solve(flow, solver, laplacian):
-    """backend="triton" on CPU tensors in Triton's interpreter (slow: a small graph)."""
+    """backend="triton" on CPU tensors in Triton's interpreter (slow: a small graph; cg on
+    this directed graph runs anderson, so every solver's code runs)."""
     _interpreted_triton()
     x, ei, w = directed(True, n=8, d=3)
     layer = layer_for(laplacian, flow, d=3, h=3, backend="triton", solver=solver, **EXACT)
