@@ -29,6 +29,22 @@ def test_apply_laplacian_matches_dense(kind, laplacian):
                                rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("laplacian", ["neural", "rw"])
+def test_laplacian_operator_follows_the_layers_flow(laplacian):
+    """A layer with flow="target_to_source" solves on the graph read at edge_index[0]: the
+    spectral checks must measure that Delta, the default one's on edge_index.flip(0)."""
+    x, ei, w = make_graph("weighted", n=30, d=5)
+    directed = ei[:, ei[0] < ei[1]]  # one direction of each edge: a directed graph
+    w = w[ei[0] < ei[1]]
+    layer = make_layer(5, laplacian, scale=1.0)
+    layer.flow = "target_to_source"
+    v = torch.randn(30, 3, dtype=torch.float64)
+    got = apply_laplacian(laplacian_operator(layer, x, directed, w), v)
+    torch.testing.assert_close(got, dense_delta(layer, x, directed.flip(0), w) @ v,
+                               rtol=1e-10, atol=1e-12)
+    assert (got - dense_delta(layer, x, directed, w) @ v).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("laplacian, scale", [("neural", 0.4), ("neural", 1.5),
                                               ("neural", 4.0), ("rw", 1.0)])
 @pytest.mark.parametrize("kind", ["symmetric", "weighted", "isolated"])

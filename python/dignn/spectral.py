@@ -86,7 +86,8 @@ def laplacian_operator(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
                        edge_weight: Optional[Tensor] = None) -> LaplacianOperator:
     """Delta of ``layer`` for the layer input ``x`` (the graph neural Laplacian depends on
     x through chi, p, q: eq. 12-14; the canonical ones only on the graph)."""
-    graph = cached_graph(edge_index, x.size(0), edge_weight)
+    # the layer's own reading of edge_index (flow): Delta of the graph the layer solves on
+    graph = cached_graph(edge_index, x.size(0), edge_weight, flow=layer.flow)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.detach().to(dtype)
     if layer.laplacian == "neural":
