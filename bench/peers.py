@@ -815,9 +815,11 @@ def measure(graph: str, edge_index: Tensor, num_nodes: int, peers: List[str], *,
            "num_nodes": num_nodes, "x_norm": float(x.norm()), "dignn_flow": dignn_flow}
     info = {"nodes": num_nodes, "edges": m, "oracle": "not computed", "oracle_residual": None}
     results = {p: {"graph": graph, "peer": p, "status": "ok"} for p in peers}
-    limit = int(0.8 * mem_available())
+    limit = host_limit = int(0.8 * mem_available())  # the oracle runs on the host
+    if torch.device(device).type == "cuda":  # the peers' tensors live on the GPU there
+        limit = int(0.9 * torch.cuda.mem_get_info(torch.device(device))[0])
     if mem_limit is not None:
-        limit = min(limit, mem_limit)
+        limit, host_limit = min(limit, mem_limit), min(host_limit, mem_limit)
     budget_skips = {p: 0 for p in peers}
 
     def build(name, accurate):
@@ -919,9 +921,9 @@ def measure(graph: str, edge_index: Tensor, num_nodes: int, peers: List[str], *,
         ref = None
         need = 8 * num_nodes ** 2 * 6 if num_nodes <= DENSE_ORACLE_MAX_NODES else (
             8 * CHANNELS * (12 * num_nodes + 10 * min(m, 1 << 18)) + 64 * m)
-        if need > limit:
+        if need > host_limit:
             info["oracle"] = f"not computed: needs ~{need / 2**30:.1f} GB, " \
-                             f"{limit / 2**30:.1f} GB available"
+                             f"{host_limit / 2**30:.1f} GB available"
         elif left() <= 0:
             info["oracle"] = "not computed: budget"
         else:
@@ -986,6 +988,8 @@ def summarize(doc: dict) -> List[str]:
                          f"{med(best):.2f} ms"
                          + (f", leanest {lean['peer']} {peak(lean) / 2**20:.1f} MiB" if lean
                             else ""))
+        else:
+            lines.append(f"{graph}: this layer not timed")
         for r in rs:
             w = worst(r)
             agree = f"worst agreement {w:.1e}" if w is not None else "agreement not computed"
