@@ -51,6 +51,7 @@ from torch import Tensor, nn
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STAND_INS = HERE / "stand_ins"
+DATA_DEFAULT = REPO.parent / "shared" / "data"  # the project's default: $DIGNN_DATA, else ../shared/data
 SCHEMA = "dignn-peers/1"
 GRAPHS = ("cora", "chameleon-directed", "cornell5", "penn94_like", "products")
 MU, EPS, CHANNELS, SEED = 2.2, 1e-6, 64, 0
@@ -662,15 +663,14 @@ def load_graph(name: str):
     of GRAPHS, or ``random-<nodes>-<edges>``, a seeded directed graph for tests)."""
     from dignn_kernels import synthetic
     if name in ("cora", "chameleon-directed"):
-        os.environ.setdefault("DIGNN_DATA", "/work/shared/data")
-        sys.path.insert(0, str(REPO / "python"))
+        os.environ.setdefault("DIGNN_DATA", str(DATA_DEFAULT))
         from dignn.data import load_dataset
         data = load_dataset(name)
         ei, n = data.edge_index, data.x.size(0)
     elif name == "cornell5":
         import numpy as np
         import scipy.io
-        root = Path(os.environ.get("DIGNN_DATA", "/work/shared/data"))
+        root = Path(os.environ.get("DIGNN_DATA", str(DATA_DEFAULT)))
         adj = scipy.io.loadmat(str(root / "cornell5" / "raw" / "data.mat"))["A"].tocoo()
         ei = torch.from_numpy(np.vstack([adj.row, adj.col]).astype(np.int64))
         n = adj.shape[0]

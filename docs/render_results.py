@@ -376,6 +376,89 @@ def papers100m_model():
     return table + "\n\n" + _provenance_block([line])
 
 
+# ------------------------------------------------------------------------------ peers --
+PEER_LABELS = {"authors": "the authors' layer", "pyg-plain": "plain PyG composition (unrolled)",
+               "torchdeq-fixed_point": "torchdeq, fixed point", "torchdeq-anderson":
+               "torchdeq, Anderson"}
+
+
+def _peer_records():
+    """Every record of bench/peers.py under bench/results/ (the CPU's and each GPU
+    session's), by path relative to it."""
+    paths = sorted(RESULTS.glob("peers_*.json")) + sorted(RESULTS.glob("gpu_*/*peers*.json"))
+    return [(str(path.relative_to(RESULTS)), _load(path.relative_to(RESULTS))) for path in paths]
+
+
+def _argv(command):
+    """A recorded argv as a command line (the interpreter's path as ``python``)."""
+    if not command:
+        return NOT_RECORDED
+    if isinstance(command, str):
+        return command
+    head = "python" if Path(command[0]).name.startswith("python") else command[0]
+    return " ".join([head] + list(command[1:]))
+
+
+def _error(value):
+    return NOT_RECORDED if value is None else f"{value:.1e}"
+
+
+def peers():
+    """This layer against the authors' layer, torchdeq and the plain PyG composition, each
+    record's peers measured in one process and one run (bench/peers.py)."""
+    rows, prov = [], []
+    for rel, d in _peer_records():
+        machine = d.get("machine") or {}
+        device = machine.get("device") or NOT_RECORDED
+        threads = machine.get("threads")
+        if device == "cpu":
+            device = f"{machine.get('cpu') or 'unnamed'} CPU"
+        where = f"{device}" + (f", {threads} thread{'s' if threads != 1 else ''}"
+                               if threads and device.endswith("CPU") else "")
+        for graph in d.get("graphs", {}):
+            results = [r for r in d["results"] if r["graph"] == graph]
+            ours = [r["time"]["median_ms"] for r in results if r["peer"].startswith("dignn-")
+                    and r.get("status") == "ok" and (r.get("time") or {}).get("median_ms")]
+            mem = [r["memory"]["peak_bytes"] for r in results if r["peer"].startswith("dignn-")
+                   and r.get("status") == "ok" and (r.get("memory") or {}).get("peak_bytes")]
+            best, best_mem = (min(ours) if ours else None), (min(mem) if mem else None)
+            for r in results:
+                t, m, a = r.get("time") or {}, r.get("memory") or {}, r.get("accuracy") or {}
+                ms, peak = t.get("median_ms"), m.get("peak_bytes")
+                grads = [v for k, v in a.items() if k.startswith("grad_") and v is not None]
+                label = PEER_LABELS.get(r["peer"], r["peer"].replace("dignn-", "this layer, "))
+                status = r.get("status", NOT_RECORDED)
+                rows.append([graph, label, where,
+                             f"{ms:,.1f}" if ms else "-",
+                             f"{ms / best:.1f}x" if ms and best else "-",
+                             f"{peak / 2**20:,.0f}" if peak else "-",
+                             f"{peak / best_mem:.1f}x" if peak and best_mem else "-",
+                             _error(a.get("z")) if a else "-",
+                             _error(max(grads)) if grads else "-",
+                             "ok" if status == "ok" else status])
+        prov.append(_prov_line(rel, where, (d.get("commit") or NOT_RECORDED)[:7],
+                               (d.get("date") or NOT_RECORDED)[:10],
+                               _argv(d.get("command"))))
+    table = _table(["graph", "peer", "device", "ms fwd+bwd", "time / this layer", "peak MB",
+                    "memory / this layer", "Z error", "worst gradient error", "status"], rows,
+                   ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+    notes = []
+    for rel, d in _peer_records():
+        for graph, g in d.get("graphs", {}).items():
+            apps = 2 * (d.get("settings") or {}).get("timed_applications", 10)
+            channels = (d.get("settings") or {}).get("channels", 64)
+            floor = apps * g["edges"] * channels * 4
+            notes.append(f"- {graph} ({rel}): {g['nodes']:,} nodes, {g['edges']:,} CSR entries"
+                         f"{', directed' if g.get('directed') else ''}; oracle: {g['oracle']}; "
+                         f"the {apps} applications of a timed step gather at least "
+                         f"{floor / 1e9:.2f} GB of neighbour rows")
+        goals = [line for line in d.get("summary", []) if line.startswith("goal")]
+        if goals:
+            notes.append(f"- goals, as {rel} states them: " + "; ".join(
+                line[len("goal "):] for line in goals))
+    return "\n\n".join([table, "\n".join(notes), _provenance_block(prov)])
+
+
 TABLES = {
     "accuracy": accuracy,
     "gpu_step": gpu_step,
@@ -386,6 +469,7 @@ TABLES = {
     "solvers_sweeps": solvers_sweeps,
     "distributed_halo": distributed_halo,
     "papers100m_model": papers100m_model,
+    "peers": peers,
 }
 
 
