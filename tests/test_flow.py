@@ -137,6 +137,28 @@ def test_emulated_cuda_matches_dense_solve(emu, monkeypatch):
     check_against_oracle(layer, x, ei, w)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("solver", dk.SOLVERS)
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("flow", FLOWS)
+def test_gpu_backends_match_dense_solve(flow, backend, solver):
+    """Both flows on the GPU backends, every solver, against the same CPU float64 oracle."""
+    dev = torch.device("cuda")
+    if backend not in dk.available_backends(dev):
+        pytest.skip(f"the {backend} backend is not in this build")
+    x, ei, w = directed(True)
+    layer = layer_for("neural", flow, backend=backend, solver=solver, **EXACT).to(dev)
+    g = torch.linspace(-1.0, 1.0, x.numel(), dtype=F64).view_as(x)
+    z, grads = solve(layer, x.to(dev), ei.to(dev), w.to(dev), g.to(dev))
+    assert layer.backend_used == backend and z.is_cuda
+    assert layer.iterations < layer.max_iter, "the forward solve did not converge"
+    want_z, want_grads = oracle(copy.deepcopy(layer).cpu(), x, ei, w, g)
+    assert rel_err(z.cpu(), want_z) < 1e-10, (flow, rel_err(z.cpu(), want_z))
+    for name, got, want in zip(["x"] + list(thetas(layer)), grads, want_grads):
+        assert rel_err(got.cpu(), want) < 1e-8, (flow, name, rel_err(got.cpu(), want))
+
+
 # ---------------------------------------------------------- undirected and the cache --
 
 @pytest.mark.parametrize("laplacian", LAPLACIANS)
