@@ -341,7 +341,22 @@ class AuthorsPeer(Peer):
         return {"converged": bool(ok(fw) and ok(bw)), "residual": fw, "backward_residual": bw}
 
 
-class TorchdeqPeer(Peer):
+class _MapPeer(Peer):
+    """A peer written over :class:`NeuralLaplacianMap` (``self.map``): torchdeq's and the
+    plain PyG composition."""
+
+    map: NeuralLaplacianMap
+
+    def thetas(self):
+        return [self.map.theta_chi.weight, self.map.theta_phi.weight,
+                self.map.theta_varphi.weight]
+
+    def count(self):
+        self.counter = _Counter()
+        return None
+
+
+class TorchdeqPeer(_MapPeer):
     def __init__(self, solver, base, ctx, accurate):
         import torchdeq
         self.name = f"torchdeq-{solver}"
@@ -377,14 +392,6 @@ class TorchdeqPeer(Peer):
                                     backward_writer=writer)
         return z_out[-1].view(x.shape)
 
-    def thetas(self):
-        return [self.map.theta_chi.weight, self.map.theta_phi.weight,
-                self.map.theta_varphi.weight]
-
-    def count(self):
-        self.counter = _Counter()
-        return None
-
     def stats(self):
         def low(info):
             return None if info is None else float(info["abs_lowest"].max())
@@ -396,7 +403,7 @@ class TorchdeqPeer(Peer):
                     self.info["nstep"].max())}
 
 
-class PygPlainPeer(Peer):
+class PygPlainPeer(_MapPeer):
     name = "pyg-plain"
 
     def __init__(self, base, ctx, accurate):
@@ -417,14 +424,6 @@ class PygPlainPeer(Peer):
             prev, z = z, self.map.apply(x, self.counter.wrap(z) if self.counter else z, delta)
         self.last_change = float((z - prev).detach().norm())
         return z
-
-    def thetas(self):
-        return [self.map.theta_chi.weight, self.map.theta_phi.weight,
-                self.map.theta_varphi.weight]
-
-    def count(self):
-        self.counter = _Counter()
-        return None
 
     def stats(self):
         return {"converged": bool(self.last_change is not None and
