@@ -713,6 +713,14 @@ def estimate_bytes(peer: str, n: int, m: int, accurate: bool) -> int:
 
 
 def mem_available() -> int:
+    """The host's MemAvailable, after handing the heap this process has freed back to the
+    system (glibc keeps freed blocks; without this an earlier graph's peak counts as used)."""
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: MemAvailable as it is
+        pass
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemAvailable:"):
