@@ -403,60 +403,63 @@ def _error(value):
     return NOT_RECORDED if value is None else f"{value:.1e}"
 
 
+def _peer_rows(d, graph):
+    """The table rows of one graph of a bench/peers.py record: time and memory against the
+    fastest and the leanest of this layer's backends in the same run."""
+    results = [r for r in d["results"] if r["graph"] == graph]
+    ours = [r for r in results if r["peer"].startswith("dignn-") and r.get("status") == "ok"]
+    times = [(r.get("time") or {}).get("median_ms") for r in ours]
+    mems = [(r.get("memory") or {}).get("peak_bytes") for r in ours]
+    best = min([t for t in times if t], default=None)
+    best_mem = min([m for m in mems if m], default=None)
+    rows = []
+    for r in results:
+        t, m, a = r.get("time") or {}, r.get("memory") or {}, r.get("accuracy") or {}
+        ms, peak = t.get("median_ms"), m.get("peak_bytes")
+        grads = [v for k, v in a.items() if k.startswith("grad_") and v is not None]
+        status = r.get("status", NOT_RECORDED)
+        rows.append([graph, PEER_LABELS.get(r["peer"], r["peer"].replace("dignn-", "this layer, ")),
+                     f"{ms:,.1f}" if ms else "-", f"{ms / best:.1f}x" if ms and best else "-",
+                     f"{peak / 2**20:,.0f}" if peak else "-",
+                     f"{peak / best_mem:.1f}x" if peak and best_mem else "-",
+                     _error(a.get("z")) if a.get("z") is not None else "-",
+                     _error(max(grads)) if grads else "-", "ok" if status == "ok" else status])
+    return rows
+
+
 def peers():
-    """This layer against the authors' layer, torchdeq and the plain PyG composition, each
-    record's peers measured in one process and one run (bench/peers.py)."""
-    rows, prov = [], []
+    """This layer against the authors' layer, torchdeq and the plain PyG composition: a table
+    per bench/peers.py record (its peers measured in one process and one run), with its
+    graphs, oracle, gather floor and goals."""
+    parts, prov = [], []
     for rel, d in _peer_records():
         machine = d.get("machine") or {}
         device = machine.get("device") or NOT_RECORDED
         threads = machine.get("threads")
         if device == "cpu":
             device = f"{machine.get('cpu') or 'unnamed'} CPU"
-        where = f"{device}" + (f", {threads} thread{'s' if threads != 1 else ''}"
-                               if threads and device.endswith("CPU") else "")
-        for graph in d.get("graphs", {}):
-            results = [r for r in d["results"] if r["graph"] == graph]
-            ours = [r["time"]["median_ms"] for r in results if r["peer"].startswith("dignn-")
-                    and r.get("status") == "ok" and (r.get("time") or {}).get("median_ms")]
-            mem = [r["memory"]["peak_bytes"] for r in results if r["peer"].startswith("dignn-")
-                   and r.get("status") == "ok" and (r.get("memory") or {}).get("peak_bytes")]
-            best, best_mem = (min(ours) if ours else None), (min(mem) if mem else None)
-            for r in results:
-                t, m, a = r.get("time") or {}, r.get("memory") or {}, r.get("accuracy") or {}
-                ms, peak = t.get("median_ms"), m.get("peak_bytes")
-                grads = [v for k, v in a.items() if k.startswith("grad_") and v is not None]
-                label = PEER_LABELS.get(r["peer"], r["peer"].replace("dignn-", "this layer, "))
-                status = r.get("status", NOT_RECORDED)
-                rows.append([graph, label, where,
-                             f"{ms:,.1f}" if ms else "-",
-                             f"{ms / best:.1f}x" if ms and best else "-",
-                             f"{peak / 2**20:,.0f}" if peak else "-",
-                             f"{peak / best_mem:.1f}x" if peak and best_mem else "-",
-                             _error(a.get("z")) if a else "-",
-                             _error(max(grads)) if grads else "-",
-                             "ok" if status == "ok" else status])
-        prov.append(_prov_line(rel, where, (d.get("commit") or NOT_RECORDED)[:7],
-                               (d.get("date") or NOT_RECORDED)[:10],
-                               _argv(d.get("command"))))
-    table = _table(["graph", "peer", "device", "ms fwd+bwd", "time / this layer", "peak MB",
-                    "memory / this layer", "Z error", "worst gradient error", "status"], rows,
-                   ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
-    notes = []
-    for rel, d in _peer_records():
+            if threads:
+                device += f", {threads} thread{'s' if threads != 1 else ''}"
+        rows = [row for graph in d.get("graphs", {}) for row in _peer_rows(d, graph)]
+        table = _table(["graph", "peer", "ms fwd+bwd", "time / this layer", "peak MB",
+                        "memory / this layer", "Z error", "worst gradient error", "status"],
+                       rows, ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+        notes = []
+        settings = d.get("settings") or {}
+        apps = 2 * settings.get("timed_applications", 10)
         for graph, g in d.get("graphs", {}).items():
-            apps = 2 * (d.get("settings") or {}).get("timed_applications", 10)
-            channels = (d.get("settings") or {}).get("channels", 64)
-            floor = apps * g["edges"] * channels * 4
-            notes.append(f"- {graph} ({rel}): {g['nodes']:,} nodes, {g['edges']:,} CSR entries"
-                         f"{', directed' if g.get('directed') else ''}; oracle: {g['oracle']}; "
-                         f"the {apps} applications of a timed step gather at least "
-                         f"{floor / 1e9:.2f} GB of neighbour rows")
-        goals = [line for line in d.get("summary", []) if line.startswith("goal")]
+            floor = apps * g["edges"] * settings.get("channels", 64) * 4
+            notes.append(f"- {graph}: {g['nodes']:,} nodes, {g['edges']:,} CSR entries"
+                         f"{', directed' if g.get('directed') else ''}; oracle: "
+                         f"{g.get('oracle') or 'none'}; the {apps} applications of a timed "
+                         f"step gather at least {floor / 1e9:.2f} GB of neighbour rows")
+        goals = [line[len("goal "):] for line in d.get("summary", []) if line.startswith("goal")]
         if goals:
-            notes.append(f"- goals, as {rel} states them: " + "; ".join(
-                line[len("goal "):] for line in goals))
-    return "\n\n".join([table, "\n".join(notes), _provenance_block(prov)])
+            notes.append("- goals, as the record states them: " + "; ".join(goals))
+        parts += [f"**`{rel}`** ({device}):", table, "\n".join(notes)]
+        prov.append(_prov_line(rel, device, (d.get("commit") or NOT_RECORDED)[:7],
+                               (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command"))))
+    return "\n\n".join(parts + [_provenance_block(prov)])
 
 
 TABLES = {
