@@ -30,6 +30,18 @@ sparse_stand_in = _load("dignn_stand_in_torch_sparse",
                         REPO / "bench" / "stand_ins" / "torch_sparse" / "__init__.py")
 
 TINY = "random-50-300"  # directed, with repeated edges and self-loops
+# torchdeq is the `bench` extra, not a test dependency: where it is absent its peers must be
+# recorded as absent (and everything else measured); where present they must agree
+HAVE_TORCHDEQ = importlib.util.find_spec("torchdeq") is not None
+
+
+def _absent_torchdeq(r) -> bool:
+    """Whether ``r`` is a torchdeq peer's result on a machine without torchdeq (then it must
+    say so)."""
+    if HAVE_TORCHDEQ or not r["peer"].startswith("torchdeq-"):
+        return False
+    assert r["status"].startswith("absent: torchdeq not importable"), r
+    return True
 
 # A stand-in for the authors' checkout: the same module layout and names (DEQFixedPoint,
 # ImplicitFunc_Neural, fwd_solver, torch_scatter's scatter_add), minimal code of our own for
@@ -145,6 +157,8 @@ def test_every_peer_agrees_with_the_dense_float64_solve(tiny_graph, fake_authors
     by_peer = {r["peer"]: r for r in out["results"]}
     for name in names:
         r = by_peer[name]
+        if _absent_torchdeq(r):
+            continue
         assert r["status"] == "ok", (name, r["status"])
         assert r["accuracy"]["converged"] is True, name
         worst = max(_errors(r).values())
@@ -225,6 +239,8 @@ def test_json_schema_and_summary(tmp_path, fake_authors):
     assert set(graph) >= {"nodes", "edges", "directed", "oracle", "oracle_residual"}
     assert graph["directed"] is True
     for r in on_disk["results"]:
+        if _absent_torchdeq(r):
+            continue
         assert r["status"] == "ok", r
         assert set(r["accuracy"]) >= set(peers.ERROR_KEYS) | {"applications", "converged",
                                                               "settings"}
