@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 __all__ = ["TrainConfig", "PAPER_TABLE6_RW", "PAPER_TABLE7_NEURAL", "TUNED_CHANGES",
-           "PRESETS", "preset_config", "USER_DATA", "check_training_numbers"]
+           "PRESETS", "preset_config", "preset_solver", "USER_DATA", "DIRECTED_DATASETS",
+           "check_training_numbers"]
 
 
 @dataclass
@@ -171,13 +172,14 @@ _GENERATED: Dict[str, Dict] = {
 # Delta_Phi" grows with the input embedding's norm c_X, which training is free to grow): as
 # user files, Cora (Geom-GCN masks, splits 0-1) ended at lambda_max 3.18 > mu = 3 with the
 # fixed-point solver, and at mu = 4 the fixed-point iteration diverged during training. The
-# solver is therefore cg, which solves the same equation (I + Delta/mu) Z = X exactly for
-# every mu > 0: there, no warning on Cora or CSBM and the same accuracy (Cora 83.3/85.5,
-# CSBM 85.7/84.7 on splits 0/1 against 85.3/83.1 and 86.3/84.3 with the fixed point), best
-# validation epochs 93-193, so 200 epochs suffice.
+# solver is therefore :func:`preset_solver`'s, cg on an undirected graph, which solves the
+# same equation (I + Delta/mu) Z = X exactly for every mu > 0: there, no warning on Cora or
+# CSBM and the same accuracy (Cora 83.3/85.5, CSBM 85.7/84.7 on splits 0/1 against
+# 85.3/83.1 and 86.3/84.3 with the fixed point), best validation epochs 93-193, so 200
+# epochs suffice.
 USER_DATA = "user-data"
 _USER_DATA: Dict = dict(_row(3.0, 64, 0.01, 5e-4, 10, 1e-6, 0.5), epochs=200,
-                        input_unit="mlp", solver="cg")
+                        input_unit="mlp")
 
 # Dataset facts both presets share (appendix "Model architectures").
 _DATASET_DEFAULTS: Dict[str, Dict] = {
@@ -228,18 +230,13 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
             "why": "as amherst41: no dropout on the input features; best epochs 130-170",
         },
         "mutag": {
-            "values": dict(solver="cg", node_layers=3, graph_layers=3, epochs=200),
-            "why": "table 7's mu = 1.25 is below lambda_max of the trained Laplacian (1.5-2), "
-                   "where the fixed-point iteration need not converge: cg solves the same "
-                   "equation exactly; 3 layers before and after pooling as in the authors' "
-                   "code (a single layer fits only ~80% of the training graphs)",
+            "values": dict(node_layers=3, graph_layers=3, epochs=200),
+            "why": "3 layers before and after pooling as in the authors' code (a single layer "
+                   "fits only ~80% of the training graphs)",
         },
         "nci1": {
-            "values": dict(solver="cg", node_layers=3, graph_layers=3, epochs=200),
-            "why": "table 7's mu = 1.25 is below lambda_max of the trained Laplacian (2.0-2.8 "
-                   "after 200 epochs; 2.0-5.6 with one layer before and after pooling), "
-                   "where the fixed-point iteration need not converge: cg solves the same "
-                   "equation exactly; 3 layers before and after pooling as for mutag: GIN "
+            "values": dict(node_layers=3, graph_layers=3, epochs=200),
+            "why": "3 layers before and after pooling as for mutag: GIN "
                    "cross-validation 76.67 against 73.99 with one layer (the only two "
                    "settings compared); 200 epochs (~5,800 Adam steps at lr 0.001), since "
                    "1000 take hours on a CPU",
@@ -250,12 +247,74 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
 
 PRESETS = ("tuned", "paper")
 
+# The named datasets whose graph is directed (each page aggregates over the pages it links
+# to); every other named dataset, generated graph included, is undirected.
+DIRECTED_DATASETS = frozenset({"chameleon-directed", "squirrel-directed"})
 
-def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned",
-                  **overrides) -> TrainConfig:
+
+def preset_solver(directed: bool, storage_dtype: Optional[str] = None) -> str:
+    """The implicit layer's solver under both presets and for user data: one rule, chosen so
+    that no solve diverges on graphs the presets were not tuned on.
+
+    The paper's fixed-point iteration Z <- X~ - (1/mu) Delta Z (eq. iter) converges only
+    while mu > lambda_max(Delta) (corollary "Tractable Well-Posedness Condition"), and for
+    the graph neural Laplacian nothing keeps it there: theorem "Spectral Range of Delta_Phi"
+    bounds lambda_max by 2 c_phi^2 c_chi c_X cosh(c_chi c_X), which grows with the norm c_X
+    of the input embedding X~ that training is free to grow (spectral normalization bounds
+    c_chi and c_phi only), and trained models do cross it (Cora ~2.7 at the tuned mu 2.1,
+    MUTAG 1.5-2 and NCI1 2.0-2.8 at table 7's mu 1.25). So:
+
+    - undirected graph: ``cg``, which solves the same equation (I + Delta/mu) Z = X~ (in its
+      symmetric positive definite form (C + L/mu) Z = C X~) for every mu > 0. Where the
+      fixed point converges the model is the same function; where it would not, cg still
+      reaches the unique equilibrium, and the implicit gradients are those of that
+      equilibrium.
+    - directed graph: ``anderson``. cg needs a symmetric W; the fixed point fails silently
+      there when mu is below the spectral radius (its divergence certificate is a proof on
+      undirected graphs only). The equation keeps a unique solution for every mu > 0
+      (Gershgorin: every eigenvalue of Delta = C^-1 (K - W) has real part >= 0), Anderson's
+      residual is of the equation itself, and a solve that ends no better than it started
+      raises a DivergenceWarning. rw's lambda_max <= 2 holds on directed graphs too, but at
+      the paper's mu 2.2 the fixed point is still ~2e-2 from the equilibrium after its 10
+      sweeps where Anderson reaches ~3e-7 (``bench/results/preset_divergence.json``).
+    - 16-bit iterates (``storage_dtype``) exist for the fixed point only: a run that asks
+      for them keeps it, with its condition mu > lambda_max.
+
+    The rule needs neither mu nor the Laplacian: it holds for every mu > 0, for ``neural``
+    and ``rw`` alike.
+
+    Args:
+        directed: whether the graph is directed (W not symmetric).
+        storage_dtype: the run's 16-bit iterates (None: none).
+
+    Returns:
+        str: ``"cg"``, ``"anderson"`` or ``"fixed_point"``.
+
+    Raises:
+        TypeError: ``directed`` is not a bool.
+
+    Example:
+        >>> from dignn.presets import preset_solver
+        >>> preset_solver(directed=False), preset_solver(directed=True)
+        ('cg', 'anderson')
+        >>> preset_solver(False, storage_dtype="bfloat16")
+        'fixed_point'
+    """
+    if not isinstance(directed, bool):
+        raise TypeError(f"directed must be True or False, got {directed!r}")
+    if storage_dtype is not None:
+        return "fixed_point"
+    return "anderson" if directed else "cg"
+
+
+def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned", *,
+                  directed: Optional[bool] = None, **overrides) -> TrainConfig:
     """The TrainConfig of ``dataset`` for ``laplacian`` under ``preset``, with ``overrides``
     (values that are None are ignored) applied last. ``dataset=USER_DATA`` (``"user-data"``)
-    is the generic row for graphs users bring, the same under both presets.
+    is the generic row for graphs users bring, the same under both presets. The solver is
+    :func:`preset_solver`'s (``cg`` on an undirected graph, ``anderson`` on a directed one),
+    under both presets: the paper's tables give mu but not the solver, and ``cg`` solves the
+    paper's equation for every mu > 0 (an explicit ``solver=`` override still wins).
 
     Args:
         dataset: a dataset name (``_`` and ``-`` alike, case-insensitive), or
@@ -263,6 +322,10 @@ def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned"
         laplacian: ``"neural"`` (table 7) or ``"rw"`` (table 6).
         preset: ``"tuned"`` (the default: the table plus :data:`TUNED_CHANGES`) or
             ``"paper"`` (the table as printed).
+        directed: whether the graph is directed (None: the named dataset's own graph, directed
+            for :data:`DIRECTED_DATASETS`; a user's graph is taken as undirected, where the
+            layer replaces cg by anderson, with a warning, if it is not).
+            :func:`dignn.train_graph_data` passes the graph's own.
         **overrides: TrainConfig fields to set last (None values are ignored).
 
     Returns:
@@ -278,12 +341,16 @@ def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned"
         (2.1, 64, 0.001, 20)
         >>> preset_config("cora", "rw", preset="paper", mu=3.0, epochs=None).mu
         3.0
+        >>> preset_config("cora").solver, preset_config("chameleon-directed").solver
+        ('cg', 'anderson')
     """
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     if laplacian not in ("neural", "rw"):
         raise ValueError(f"laplacian must be 'neural' or 'rw', got {laplacian!r}")
     key = dataset.lower().replace("_", "-")
+    if directed is None:
+        directed = key in DIRECTED_DATASETS
     key = _SAME_AS.get(key, key)
     values: Dict = {"laplacian": laplacian}
     if key == USER_DATA:
@@ -301,7 +368,9 @@ def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned"
         values.update(_DATASET_DEFAULTS.get(key, {}))
         if preset == "tuned":
             values.update(TUNED_CHANGES[laplacian].get(key, {}).get("values", {}))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    values["solver"] = preset_solver(directed, overrides.get("storage_dtype"))
+    values.update(overrides)
     return TrainConfig().replace(**values)
 
 

@@ -53,7 +53,7 @@ from .device import describe_device, resolve_device
 from .files import remove_stale_temporaries, write_atomically
 from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
 from .presets import TrainConfig, check_training_numbers
-from .spectral import check_mu
+from .spectral import check_mu, estimate_lambda_max, laplacian_operator
 
 __all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
            "train_graph_split", "train_multilabel_split", "TASK_METRICS", "multilabel_counts",
@@ -852,7 +852,12 @@ def _spectral(model, x, edge_index, where: str) -> float:
     model.eval()
     with torch.no_grad():
         h = model.diffusion_input(x, edge_index)
-    return check_mu(model.diffusion, h, edge_index, where=where).lambda_max
+    layer = model.diffusion
+    if layer.solver == "cg":
+        op = laplacian_operator(layer, h, edge_index)
+        if op.symmetric:  # cg solves (C + L/mu) Z = C X for every mu > 0: no bound to warn of
+            return estimate_lambda_max(op).lambda_max
+    return check_mu(layer, h, edge_index, where=where).lambda_max
 
 
 def _graph_loader(graphs, index: Tensor, batch_size: int, shuffle: bool, seed: int,
@@ -1160,5 +1165,18 @@ def train_graph_data(data, laplacian: str = "neural", splits: Optional[Sequence[
         dataset = data
     else:
         dataset = from_pyg(data, name, split_ratio, num_splits, split_seed)
-    config = preset_config(USER_DATA, laplacian, **overrides)
+    config = preset_config(USER_DATA, laplacian, directed=_is_directed(dataset), **overrides)
     return train(dataset, config, splits, progress=progress, device=device)
+
+
+def _is_directed(dataset) -> bool:
+    """Whether a graph of ``dataset`` has an edge without its reverse (what the presets'
+    solver rule, :func:`dignn.presets.preset_solver`, asks)."""
+    from torch_geometric.utils import is_undirected
+    if isinstance(dataset, NodeDataset):
+        return not is_undirected(dataset.edge_index, num_nodes=dataset.num_nodes)
+    graphs = dataset.graphs  # one block-diagonal graph of them all
+    sizes = torch.tensor([0] + [g.num_nodes for g in graphs])
+    offsets = torch.cumsum(sizes, 0)
+    edges = torch.cat([g.edge_index + offsets[k] for k, g in enumerate(graphs)], dim=1)
+    return not is_undirected(edges, num_nodes=int(offsets[-1]))
