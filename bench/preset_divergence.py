@@ -11,6 +11,17 @@ anderson fallback).
 
 ``--cases`` picks cases by name (default: all); ``--accuracy`` adds the Cora comparison
 (tuned preset, 400 epochs, splits 0-2, the rule's solver against the fixed point).
+
+Per case and variant (``preset``: the preset as a user gets it; ``solver=fixed_point``: the
+same with the paper's iteration, the old rule): ``warnings`` counts what training raised
+(every epoch's solves and the spectral checks at initialization and after training);
+per split, ``solver`` is the solver that ran, ``lambda_max_end`` that of the selected
+weights (the spectral check's estimate), ``iterations`` and ``relative_residual`` the final
+forward solve's with the preset's sweeps (the fixed point's residual is its relative step
+||Z_t - Z_{t-1}|| / ||Z_t||, cg's and anderson's that of the equation relative to ||X||),
+``backward_*`` its adjoint's, and ``long_solve_*`` the same forward solve given
+``LONG_SOLVE`` sweeps (converging, or not); ``final_solve_warnings`` the divergence
+warnings of those last solves.
 """
 import argparse
 import functools
@@ -100,9 +111,13 @@ def _cases(root, cache):
     }
 
 
+LONG_SOLVE = 500
+
+
 def _final_solve(model, dataset, split):
     """The trained layer's solve on the whole graph (node tasks) or on the held-out graphs
-    of ``split`` in one batch (graph tasks), forward and adjoint (loss = sum of logits)."""
+    of ``split`` in one batch (graph tasks), forward and adjoint (loss = sum of logits) with
+    the preset's sweeps, then forward again with ``LONG_SOLVE`` sweeps."""
     model.eval()
     layer = model.diffusion
     if dataset.task == "graph":
@@ -119,8 +134,20 @@ def _final_solve(model, dataset, split):
     forward = dict(solver=layer.solver_used, iterations=layer.iterations,
                    relative_residual=layer.relative_residual)
     out.sum().backward()
-    return dict(**forward, backward_iterations=layer.backward_iterations,
-                backward_relative_residual=layer.backward_relative_residual)
+    record = dict(**forward, backward_iterations=layer.backward_iterations,
+                  backward_relative_residual=layer.backward_relative_residual)
+    # the same solve given LONG_SOLVE sweeps: does it converge, or diverge?
+    cap = layer.max_iter
+    layer.max_iter = LONG_SOLVE
+    with torch.no_grad():
+        if dataset.task == "graph":
+            model(x.detach(), batch.edge_index, batch.batch, batch.num_graphs)
+        else:
+            model(x.detach(), dataset.edge_index)
+    layer.max_iter = cap
+    record.update(long_solve_iterations=layer.iterations,
+                  long_solve_relative_residual=layer.relative_residual)
+    return record
 
 
 def run_case(name, dataset, key, overrides, splits, solver=None):
@@ -144,8 +171,12 @@ def run_case(name, dataset, key, overrides, splits, solver=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = train(dataset, config, splits, progress=False, device="cpu", fit=fit)
-        finals = [_final_solve(s.model, dataset, s.split) for s in run.splits]
     seconds = time.perf_counter() - start
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        finals = [_final_solve(s.model, dataset, s.split) for s in run.splits]
+    final_warnings = sorted({f"{w.category.__name__}: {str(w.message)[:160]}" for w in after
+                             if issubclass(w.category, DivergenceWarning)})
     kinds = {"DivergenceWarning": DivergenceWarning,
              "MuBelowSpectrumWarning": MuBelowSpectrumWarning}
     counts = {k: sum(issubclass(w.category, c) for w in caught) for k, c in kinds.items()}
@@ -170,7 +201,8 @@ def run_case(name, dataset, key, overrides, splits, solver=None):
                 solver_configured=config.solver, mu=config.mu,
                 spectral_norm=config.spectral_norm, max_iter=config.max_iter, tol=config.tol,
                 epochs=config.epochs, seconds=round(seconds, 1), warnings=counts,
-                warning_messages=messages, splits=per_split,
+                warning_messages=messages, final_solve_warnings=final_warnings,
+                splits=per_split,
                 no_divergence=counts["DivergenceWarning"] == 0 and
                 counts["MuBelowSpectrumWarning"] == 0)
 
