@@ -219,6 +219,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    commit = peers._git_head()  # the code that runs: read before, not after, the long run
     cases = _cases(args.data_root, args.cache_dir)
     names = list(cases) if args.cases is None else args.cases.split(",")
     records = []
@@ -245,7 +246,7 @@ def main(argv=None):
     doc = {"schema": "preset_divergence/1",
            "command": [sys.executable, "bench/preset_divergence.py"] + list(
                sys.argv[1:] if argv is None else argv),
-           "commit": peers._git_head(),
+           "commit": commit,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": peers._machine(torch.device("cpu"), torch.get_num_threads()),
            "versions": peers._versions(), "cases": records, "cora_accuracy": accuracy}

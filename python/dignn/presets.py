@@ -261,8 +261,9 @@ def preset_solver(directed: bool, storage_dtype: Optional[str] = None) -> str:
     the graph neural Laplacian nothing keeps it there: theorem "Spectral Range of Delta_Phi"
     bounds lambda_max by 2 c_phi^2 c_chi c_X cosh(c_chi c_X), which grows with the norm c_X
     of the input embedding X~ that training is free to grow (spectral normalization bounds
-    c_chi and c_phi only), and trained models do cross it (Cora ~2.7 at the tuned mu 2.1,
-    MUTAG 1.5-2 and NCI1 2.0-2.8 at table 7's mu 1.25). So:
+    c_chi and c_phi only), and trained models do cross it: with the fixed point, training
+    Cora at the tuned mu 2.1 and MUTAG at table 7's mu 1.25 raises DivergenceWarnings, and
+    NCI1 ends at lambda_max 2.0-2.8 against its mu 1.25. So:
 
     - undirected graph: ``cg``, which solves the same equation (I + Delta/mu) Z = X~ (in its
       symmetric positive definite form (C + L/mu) Z = C X~) for every mu > 0. Where the
@@ -274,9 +275,10 @@ def preset_solver(directed: bool, storage_dtype: Optional[str] = None) -> str:
       undirected graphs only). The equation keeps a unique solution for every mu > 0
       (Gershgorin: every eigenvalue of Delta = C^-1 (K - W) has real part >= 0), Anderson's
       residual is of the equation itself, and a solve that ends no better than it started
-      raises a DivergenceWarning. rw's lambda_max <= 2 holds on directed graphs too, but at
-      the paper's mu 2.2 the fixed point is still ~2e-2 from the equilibrium after its 10
-      sweeps where Anderson reaches ~3e-7 (``bench/results/preset_divergence.json``).
+      raises a DivergenceWarning. rw's lambda_max <= 2 holds on directed graphs too, so there
+      the fixed point converges at mu > 2, but slowly: on the directed Chameleon links at
+      the paper's mu 2.2 its last of 10 steps is still ~2e-2 of ||Z||, where Anderson's
+      residual of the equation reaches ~3e-7 (``bench/results/preset_divergence.json``).
     - 16-bit iterates (``storage_dtype``) exist for the fixed point only: a run that asks
       for them keeps it, with its condition mu > lambda_max.
 
