@@ -325,7 +325,11 @@ class FusedImplicitDiffusion(nn.Module):
                              "which has no weights to read it from: "
                              "from_authors(..., in_channels=d)")
         in_channels = settings.pop("in_channels")
-        layer = cls(in_channels, **settings)
+        # The layer's own initialization is overwritten by their weights below; it must not
+        # advance the global generator, or swapping their layer for this one would change
+        # every later random draw of their training (dropout masks, the next model's init).
+        with torch.random.fork_rng(devices=[]):
+            layer = cls(in_channels, **settings)
         if weights is not None:
             like = weights["theta_chi"]
             layer.to(device=like.device, dtype=like.dtype)

@@ -462,6 +462,72 @@ def peers():
     return "\n\n".join(parts + [_provenance_block(prov)])
 
 
+def _fidelity_records():
+    """Every record of bench/fidelity_node.py and bench/fidelity_graph.py under
+    bench/results/, by path relative to it."""
+    paths = sorted(RESULTS.glob("fidelity_*.json"))
+    return [(str(path.relative_to(RESULTS)), _load(path.relative_to(RESULTS))) for path in paths]
+
+
+def _mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 \
+        else 0.0
+    return f"{mean:.2f} +- {sd:.2f}"
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def fidelity():
+    """The authors' code and this project's training on the same splits: one row per dataset
+    of each bench/fidelity_*.py record, the paired difference (dignn - authors) with its
+    standard error, beside the paper's number."""
+    rows, prov = [], []
+    for rel, d in _fidelity_records():
+        variant = {"swapped": "their code, this layer swapped in", "theirs": "their code"}.get(
+            d.get("variant"), d.get("variant") or NOT_RECORDED)
+        for name, e in (d.get("datasets") or {}).items():
+            splits = e.get("splits") or []
+            paired = e.get("paired")
+            if not splits or not paired:
+                continue
+            ms = [_median([s.get(f"{side}_ms_per_epoch") for s in splits])
+                  for side in ("theirs", "ours")]
+            epochs = [_median([s.get(f"{side}_best_epoch") for s in splits])
+                      for side in ("theirs", "ours")]
+            diff = f"{paired['mean_diff']:+.2f} +- {paired['se']:.2f}" if paired.get("n", 0) > 1 \
+                else f"{paired['mean_diff']:+.2f}"
+            rows.append([name, str(len(splits)), e.get("readout", e.get("protocol", "-")),
+                         _mean_std([s.get("theirs_acc") for s in splits]),
+                         _mean_std([s.get("ours_acc") for s in splits]), diff,
+                         _num(e["paper"], 2) if e.get("paper") is not None else "-",
+                         " / ".join("-" if v is None else f"{v:g}" for v in epochs),
+                         " / ".join("-" if v is None else f"{v:,.0f}" for v in ms),
+                         f"`{rel}`"])
+        machine = d.get("machine") or {}
+        device = f"{machine.get('cpu') or 'unnamed'} CPU, {machine.get('threads', '?')} thread(s)" \
+            if machine.get("device", "cpu") == "cpu" else machine.get("device")
+        prov.append(_prov_line(rel, device, (d.get("commit") or NOT_RECORDED)[:7],
+                               (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command")))
+                    + f"; authors' side: {variant}")
+    if not rows:
+        return "No fidelity record is committed yet (`bench/fidelity_node.py`)."
+    table = _table(["dataset", "splits", "readout", "authors' code", "dignn", "paired diff +- SE",
+                    "paper", "median best epoch (authors / dignn)",
+                    "median ms per epoch (authors / dignn)", "record"], rows,
+                   ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+    return "\n\n".join([table, _provenance_block(prov)])
+
+
 TABLES = {
     "accuracy": accuracy,
     "gpu_step": gpu_step,
@@ -473,6 +539,7 @@ TABLES = {
     "distributed_halo": distributed_halo,
     "papers100m_model": papers100m_model,
     "peers": peers,
+    "fidelity": fidelity,
 }
 
 

@@ -143,6 +143,18 @@ def test_every_source_gives_the_same_layer():
                                                name != "func" else (10, 1e-6)), name
 
 
+def test_the_swap_leaves_the_global_generator_alone():
+    # Swapping their layer in the middle of their training must not change any later random
+    # draw (their dropout masks, the next split's initialization): the layer's own
+    # initialization, overwritten by their weights, draws from a forked generator.
+    func = NeuralStandIn(4, 3, mu=2.0, epsilon=1e-6)
+    torch.manual_seed(5)
+    expected = torch.rand(8)
+    torch.manual_seed(5)
+    dk.FusedImplicitDiffusion.from_authors(HolderStandIn(func, max_iter=5))
+    assert torch.equal(torch.rand(8), expected)
+
+
 def test_random_walk_holder_reproduces_the_authors_equation():
     x, ei, w = directed()
     holder = HolderStandIn(RWStandIn(mu=2.2), max_iter=150)
