@@ -78,6 +78,32 @@ def test_cli_trains_a_saved_data_with_masks(tmp_path, capsys):
     assert "2 split(s) from its masks" in io.out
 
 
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_cli_applies_the_solver_rule_to_a_directed_file(tmp_path, capsys, command):
+    # The preset is built before the file is read; once read, a directed graph gets the
+    # rule's anderson (cg would fall back to it with a warning), unless --solver says.
+    data = node_data()
+    keep = data.edge_index[0] < data.edge_index[1]  # one direction of each pair
+    data.edge_index = data.edge_index[:, keep]
+    path = tmp_path / "directed.pt"
+    torch.save(data, path)
+    out = tmp_path / "run.json"
+    extra = ["--grid", "dropout=0.5"] if command == "sweep" else []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="solver='cg' needs a symmetric W")
+        rc = cli.main([command, "--dataset", str(path), *TINY, "--splits", "0", *extra,
+                       "--json", str(out)])
+    io = capsys.readouterr()
+    assert rc == 0, io.err
+    record = json.loads(out.read_text())
+    config = record["config"] if command == "train" else record["chosen"]["config"]
+    assert config["solver"] == "anderson"
+    rc = cli.main(["train", "--dataset", str(path), *TINY, "--splits", "0", "--solver",
+                   "fixed_point", "--json", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["config"]["solver"] == "fixed_point"
+    capsys.readouterr()
+
+
 def test_cli_split_ratio_and_num_splits(tmp_path, capsys):
     path = tmp_path / "unsplit.pt"
     torch.save(node_data(masks=False), path)

@@ -683,6 +683,18 @@ def _preset_of(args):
     return USER_DATA, "user-data (generic)"
 
 
+def _user_data_solver(key, config, overrides, dataset):
+    """``config`` with the presets' solver rule applied to a user's graph now that it is read
+    (:func:`dignn.presets.preset_solver`: the preset was built before the file was, as if
+    undirected), unless ``--solver`` or ``--storage-dtype`` chose otherwise."""
+    from .presets import USER_DATA, preset_solver
+    from .training import _is_directed
+    if key != USER_DATA or overrides.get("solver") is not None or \
+            overrides.get("storage_dtype") is not None:
+        return config
+    return config.replace(solver=preset_solver(_is_directed(dataset)))
+
+
 def _load(args):
     """The dataset of ``--dataset`` (a name or a user's file) and its splits
     (``--split-ratio``, ``--num-splits``)."""
@@ -794,6 +806,7 @@ def _train_run(args, distributed=None) -> int:
     check_protocol_config(args.protocol, config)
     start = time.perf_counter()
     dataset = apply_protocol(_load_in_turn(args, distributed), args.protocol)
+    config = _user_data_solver(key, config, _override_values(args), dataset)
     fit = None
     if distributed is not None:
         fit = _distributed_fit(args, dataset, config, distributed)
@@ -939,6 +952,7 @@ def _sweep(args) -> int:
     base = preset_config(key, args.laplacian, args.preset, **fixed)
     start = time.perf_counter()
     dataset = _load(args)
+    base = _user_data_solver(key, base, fixed, dataset)
     configs = [base.replace(**s) for s in settings]
     for k, config in enumerate(configs):
         if _backend_error(config, device):
