@@ -194,6 +194,20 @@ def compare(splits: List[Dict], paired) -> Dict:
                           [s["theirs_acc_gin"] for s in splits])}
 
 
+def versus(splits: List[Dict], before: List[Dict], paired) -> Dict:
+    """Both readouts of one dignn configuration (``splits``) paired against another's
+    (``before``, an earlier record's splits of the same folds): ``mean_diff`` is
+    ``splits`` - ``before``.
+
+    Raises:
+        ValueError: the two lists are not of the same folds.
+    """
+    if [s["split"] for s in splits] != [b["split"] for b in before]:
+        raise ValueError("versus() needs the splits of the same folds in the same order")
+    return compare([{**s, "theirs_acc": b["ours_acc"], "theirs_acc_gin": b["ours_acc_gin"]}
+                    for s, b in zip(splits, before)], paired)
+
+
 def parse_folds(text: str) -> List[int]:
     """``"0-9"``, ``"0,3,5"`` or ``"0-2,7"`` -> sorted distinct folds in 0..9.
 
@@ -260,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dignn-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="TrainConfig overrides of the preset configuration (repeatable)")
     p.add_argument("--dignn-configs", default="preset,authors-hparams",
-                   help="dignn configurations on the same folds: " + ", ".join(DIGNN_CONFIGS))
+                   help="dignn configurations on the same folds: " + ", ".join(DIGNN_CONFIGS)
+                        + ", or preset+VARIANT[+VARIANT...] (variants on the preset)")
     p.add_argument("--theirs-from", default=None, metavar="FILE",
                    help="reuse the authors' side of a previous record (same folds, epochs, "
                         "variant) instead of training it again")
@@ -294,7 +309,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if a.check_swap < 0:
         p.error(f"--check-swap must be >= 0, got {a.check_swap}")
     a.config_list = [c.strip() for c in a.dignn_configs.split(",") if c.strip()]
-    bad = [c for c in a.config_list if c not in DIGNN_CONFIGS]
+    bad = [c for c in a.config_list if c not in DIGNN_CONFIGS and not (
+        c.startswith("preset+") and c.split("+")[1:] and
+        all(v in ARCH_VARIANTS and v != "all" for v in c.split("+")[1:]))]
     if bad or not a.config_list:
         p.error(f"--dignn-configs must be a comma list of {', '.join(DIGNN_CONFIGS)}, got "
                 f"{a.dignn_configs!r}")
@@ -481,9 +498,15 @@ def _patched_training(changes: Sequence[str]):
 def dignn_config(name: str, which: str, args):
     """(TrainConfig, architecture changes) of dignn configuration ``which``."""
     import dignn
-    if which == "preset":
+    if which == "preset" or which.startswith("preset+"):
+        # "preset+mlp-input+...": the preset configuration with those variants applied
         cfg = dignn.preset_config(name, "neural", args.dignn_preset, **args.overrides)
-        return cfg.replace(epochs=args.epochs), []
+        changes = which.split("+")[1:]
+        if "their-budget" in changes:
+            cfg = cfg.replace(max_iter=cfg.max_iter + 2, tol=0.0, solver="fixed_point")
+        if "cg" in changes:
+            cfg = cfg.replace(solver="cg")
+        return cfg.replace(epochs=args.epochs), changes
     cfg = dignn.preset_config(name, "neural", args.dignn_preset).replace(
         **authors_hparams(name, args.epochs))
     changes = {"authors-hparams": [],
@@ -500,7 +523,7 @@ def run_dataset(name: str, args, log) -> Dict:
     import torch
     import dignn
     from dignn.training import train_graph_split
-    from fidelity_common import header, paired
+    from fidelity_common import paired
     authors = Authors(args.authors, name, args.data_root, args.variant)
     theirs_rng: Dict = {}
     with _own_rng(theirs_rng):
@@ -547,6 +570,7 @@ def run_dataset(name: str, args, log) -> Dict:
             raise ValueError(f"--theirs-from {args.theirs_from}: its folds/epochs/variant differ")
         theirs = prev["theirs"]
         theirs["reused_from"] = args.theirs_from
+        earlier = {w: c["splits"] for w, c in prev.get("dignn", {}).items()}
     else:
         theirs = {"folds": [], "test_history": [], "train_acc_history": [],
                   "train_loss_history": [], "ms_per_epoch": []}
@@ -594,6 +618,10 @@ def run_dataset(name: str, args, log) -> Dict:
     for which, c in configs.items():
         splits = build_splits(args.fold_list, c, theirs)
         out[which] = {"splits": splits, "readouts": compare(splits, paired), **c}
+        if args.theirs_from:
+            # this configuration against the earlier record's dignn configurations, paired
+            out[which]["versus"] = {w: versus(splits, before, paired)
+                                    for w, before in earlier.items()}
     record.update(
         dignn_primary=primary, splits=out[primary]["splits"],
         paired=out[primary]["readouts"]["fold_max"], readout="fold_max",

@@ -201,3 +201,28 @@ def test_dignn_configurations_on_the_same_folds():
     cfg, changes = fg.dignn_config("mutag", "all", a)
     assert set(changes) == {"mlp-input", "logit-dropout", "no-shuffle", "their-budget"}
     assert cfg.max_iter == 22
+
+
+def test_variants_on_the_preset_and_against_an_earlier_record(capsys):
+    a = fg.parse_args(["--epochs", "4", "--dignn-configs", "preset+mlp-input+no-shuffle"])
+    cfg, changes = fg.dignn_config("mutag", a.config_list[0], a)
+    assert changes == ["mlp-input", "no-shuffle"] and cfg.solver == "cg" and cfg.epochs == 4
+    for bad in ("preset+", "preset+all", "mlp-input+cg"):
+        with pytest.raises(SystemExit):
+            fg.parse_args(["--epochs", "4", "--dignn-configs", bad])
+    assert "--dignn-configs" in capsys.readouterr().err
+
+
+def test_versus_pairs_two_dignn_configurations():
+    new = [{"split": 0, "ours_acc": 90.0, "ours_acc_gin": 85.0, "theirs_acc": 1.0,
+            "theirs_acc_gin": 1.0},
+           {"split": 1, "ours_acc": 80.0, "ours_acc_gin": 80.0, "theirs_acc": 1.0,
+            "theirs_acc_gin": 1.0}]
+    old = [{"split": 0, "ours_acc": 85.0, "ours_acc_gin": 85.0},
+           {"split": 1, "ours_acc": 79.0, "ours_acc_gin": 70.0}]
+    v = fg.versus(new, old, common.paired)
+    assert v["fold_max"]["mean_diff"] == pytest.approx(3.0)
+    assert v["fold_max"]["se"] == pytest.approx(2.0)
+    assert v["gin"]["mean_diff"] == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="same folds"):
+        fg.versus(new, old[::-1], common.paired)
