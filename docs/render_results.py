@@ -487,6 +487,11 @@ def _median(values):
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+READOUTS = {None: "test at the best-validation epoch",
+            "fold_max": "each fold's best held-out epoch (theirs)",
+            "gin": "GIN: the epoch best on the fold mean"}
+
+
 def fidelity():
     """The authors' code and this project's training on the same splits: one row per dataset
     of each bench/fidelity_*.py record, the paired difference (dignn - authors) with its
@@ -506,7 +511,8 @@ def fidelity():
                       for side in ("theirs", "ours")]
             diff = f"{paired['mean_diff']:+.2f} +- {paired['se']:.2f}" if paired.get("n", 0) > 1 \
                 else f"{paired['mean_diff']:+.2f}"
-            rows.append([name, str(len(splits)), e.get("readout", e.get("protocol", "-")),
+            readout = READOUTS.get(e.get("readout"), e.get("readout") or READOUTS[None])
+            rows.append([name, str(len(splits)), readout,
                          _mean_std([s.get("theirs_acc") for s in splits]),
                          _mean_std([s.get("ours_acc") for s in splits]), diff,
                          _num(e["paper"], 2) if e.get("paper") is not None else "-",
@@ -528,6 +534,20 @@ def fidelity():
     return "\n\n".join([table, _provenance_block(prov)])
 
 
+def reproduces():
+    """What each dataset's presets reproduce (``dignn.presets.REPRODUCES``), with its command
+    and the records that show it."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from dignn.presets import REPRODUCES
+    rows = []
+    for name, entry in REPRODUCES.items():
+        records = ", ".join(f"`{r}`" if _exists(r) else f"`{r}` (not committed)"
+                            for r in entry["records"])
+        rows.append([name, entry["tuned"], entry["paper"], f"`{entry['command']}`", records])
+    return _table(["dataset", "`--preset tuned` (the default) reproduces",
+                   "`--preset paper` reproduces", "command", "records (bench/results/)"], rows)
+
+
 TABLES = {
     "accuracy": accuracy,
     "gpu_step": gpu_step,
@@ -540,6 +560,7 @@ TABLES = {
     "papers100m_model": papers100m_model,
     "peers": peers,
     "fidelity": fidelity,
+    "reproduces": reproduces,
 }
 
 
