@@ -645,6 +645,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         info = import_authors(args.authors, "graphclassification", ("models",)).info
         doc = header(SCHEMA, sys.argv if argv is None else ["bench/fidelity_graph.py",
                                                             *argv], args.threads, info)
+        doc["variant"] = args.variant  # the authors' side: their layer or this one swapped in
         doc["settings"] = {"epochs": args.epochs, "folds": args.fold_list,
                            "variant": args.variant, "dignn_preset": args.dignn_preset,
                            "dignn_overrides": args.overrides,
