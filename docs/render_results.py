@@ -464,8 +464,9 @@ def peers():
 
 def _fidelity_records():
     """Every record of bench/fidelity_node.py and bench/fidelity_graph.py under
-    bench/results/, by path relative to it."""
-    paths = sorted(RESULTS.glob("fidelity_*.json"))
+    bench/results/ but the variant diagnoses, by path relative to it."""
+    paths = [p for p in sorted(RESULTS.glob("fidelity_*.json"))
+             if not p.stem.endswith("_variants")]  # diagnoses, described in the prose
     return [(str(path.relative_to(RESULTS)), _load(path.relative_to(RESULTS))) for path in paths]
 
 
@@ -512,7 +513,10 @@ def fidelity():
             diff = f"{paired['mean_diff']:+.2f} +- {paired['se']:.2f}" if paired.get("n", 0) > 1 \
                 else f"{paired['mean_diff']:+.2f}"
             readout = READOUTS.get(e.get("readout"), e.get("readout") or READOUTS[None])
-            rows.append([name, str(len(splits)), readout,
+            argv = list(d.get("command") or [])
+            preset = argv[argv.index("--dignn-preset") + 1] \
+                if "--dignn-preset" in argv[:-1] else "tuned"
+            rows.append([name, str(len(splits)), readout, preset,
                          _mean_std([s.get("theirs_acc") for s in splits]),
                          _mean_std([s.get("ours_acc") for s in splits]), diff,
                          _num(e["paper"], 2) if e.get("paper") is not None else "-",
@@ -527,10 +531,12 @@ def fidelity():
                     + f"; authors' side: {variant}")
     if not rows:
         return "No fidelity record is committed yet (`bench/fidelity_node.py`)."
-    table = _table(["dataset", "splits", "readout", "authors' code", "dignn", "paired diff +- SE",
+    table = _table(["dataset", "splits", "readout", "dignn preset", "authors' code", "dignn",
+                    "paired diff +- SE",
                     "paper", "median best epoch (authors / dignn)",
                     "median ms per epoch (authors / dignn)", "record"], rows,
-                   ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+                   ["---", "---:", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:",
+                    "---"])
     return "\n\n".join([table, _provenance_block(prov)])
 
 

@@ -181,7 +181,23 @@ def test_the_docs_render_a_record(tmp_path, monkeypatch):
     text = render.fidelity()
     row = next(line for line in text.splitlines() if line.startswith("| cora"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "3" and cells[3] == "81.00 +- 2.00" and cells[4] == "81.00 +- 1.00"
-    assert cells[5] == "+0.00 +- 0.58" and cells[6] == "86.68"
-    assert cells[7] == "100 / 11" and cells[8] == "400 / 50"
+    assert cells[1] == "3" and cells[3] == "tuned"
+    assert cells[4] == "81.00 +- 2.00" and cells[5] == "81.00 +- 1.00"
+    assert cells[6] == "+0.00 +- 0.58" and cells[7] == "86.68"
+    assert cells[8] == "100 / 11" and cells[9] == "400 / 50"
     assert "their code, this layer swapped in" in text and "abcdef0" in text
+
+
+def test_every_preset_says_what_it_reproduces_with_committed_records():
+    from dignn.presets import REPRODUCES, preset_config
+    assert {"cora", "chameleon-directed", "amherst41", "cornell5", "mutag", "nci1"} <= \
+        set(REPRODUCES)
+    for name, entry in REPRODUCES.items():
+        preset_config(name)  # a dataset with a preset
+        assert entry["tuned"] and entry["paper"] and entry["command"].startswith("dignn train")
+        assert f"--dataset {name} " in entry["command"] + " "
+        for record in entry["records"]:
+            path = REPO / "bench" / "results" / record
+            assert path.is_file(), f"{name}: {record} is not committed"
+            if record.startswith("fidelity_"):
+                assert name in json.loads(path.read_text())["datasets"], (name, record)
