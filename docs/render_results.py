@@ -493,6 +493,14 @@ READOUTS = {None: "test at the best-validation epoch",
             "gin": "GIN: the epoch best on the fold mean"}
 
 
+def _fidelity_provenance(rel, d):
+    machine = d.get("machine") or {}
+    device = f"{machine.get('cpu') or 'unnamed'} CPU, {machine.get('threads', '?')} thread(s)" \
+        if machine.get("device", "cpu") == "cpu" else machine.get("device")
+    return _prov_line(rel, device, (d.get("commit") or NOT_RECORDED)[:7],
+                      (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command")))
+
+
 def fidelity():
     """The authors' code and this project's training on the same splits: one row per dataset
     of each bench/fidelity_*.py record, the paired difference (dignn - authors) with its
@@ -523,12 +531,7 @@ def fidelity():
                          " / ".join("-" if v is None else f"{v:g}" for v in epochs),
                          " / ".join("-" if v is None else f"{v:,.0f}" for v in ms),
                          f"`{rel}`"])
-        machine = d.get("machine") or {}
-        device = f"{machine.get('cpu') or 'unnamed'} CPU, {machine.get('threads', '?')} thread(s)" \
-            if machine.get("device", "cpu") == "cpu" else machine.get("device")
-        prov.append(_prov_line(rel, device, (d.get("commit") or NOT_RECORDED)[:7],
-                               (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command")))
-                    + f"; authors' side: {variant}")
+        prov.append(_fidelity_provenance(rel, d) + f"; authors' side: {variant}")
     if not rows:
         return "No fidelity record is committed yet (`bench/fidelity_node.py`)."
     table = _table(["dataset", "splits", "readout", "dignn preset", "authors' code", "dignn",
@@ -550,8 +553,12 @@ def reproduces():
         records = ", ".join(f"`{r}`" if _exists(r) else f"`{r}` (not committed)"
                             for r in entry["records"])
         rows.append([name, entry["tuned"], entry["paper"], f"`{entry['command']}`", records])
-    return _table(["dataset", "`--preset tuned` (the default) reproduces",
-                   "`--preset paper` reproduces", "command", "records (bench/results/)"], rows)
+    table = _table(["dataset", "`--preset tuned` (the default) reproduces",
+                    "`--preset paper` reproduces", "command", "records (bench/results/)"], rows)
+    named = {r for entry in REPRODUCES.values() for r in entry["records"]}
+    prov = [_fidelity_provenance(rel, d) for rel, d in _fidelity_records() if rel in named]
+    return "\n\n".join([table, "The side-by-side records; the accuracy records' sources are "
+                                "under the accuracy table.", _provenance_block(prov)])
 
 
 TABLES = {
