@@ -56,6 +56,16 @@ DATA_ROOT = Path(os.environ.get("DIGNN_DATA", Path(__file__).resolve().parents[2
                                 "data"))
 
 
+def load_module(name, path):
+    """The Python file at ``path`` imported as a module named ``name`` (the benchmark
+    harnesses and the docs' renderer are scripts, not packages)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _sym(ei):
     return torch.cat([ei, ei.flip(0)], dim=1)
 

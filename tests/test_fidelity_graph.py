@@ -3,7 +3,6 @@ checkout or sklearn: the two readouts and the per-fold records on synthetic hist
 paired statistics of a record, the CLI's argument errors, the mapping of the authors' shuffled
 folds onto dignn's graphs, the separate random streams, and the architecture variants built
 around dignn's model."""
-import importlib.util
 import math
 import random
 import sys
@@ -12,19 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import load_module
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fg = _load("dignn_bench_fidelity_graph", REPO / "bench" / "fidelity_graph.py")
-common = _load("dignn_bench_fidelity_common", REPO / "bench" / "fidelity_common.py")
+fg = load_module("dignn_bench_fidelity_graph", REPO / "bench" / "fidelity_graph.py")
+common = load_module("dignn_bench_fidelity_common", REPO / "bench" / "fidelity_common.py")
 
 # three folds, four epochs: fold 0 peaks at epoch 2 (and again at 4: the first counts)
 HIST = [[0.5, 0.9, 0.6, 0.9], [0.4, 0.5, 0.8, 0.7], [0.6, 0.6, 0.6, 0.6]]

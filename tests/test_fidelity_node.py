@@ -4,7 +4,6 @@ accuracies, times), their data layout staged from the shared files (Chameleon's 
 written from the npz release, value for value), their modules imported from a checkout and
 removed again, the paired statistics, and the docs' table rendered from a record. The
 authors' real code runs only in the harness itself (bench/results/fidelity_*.json)."""
-import importlib.util
 import json
 import math
 import sys
@@ -15,20 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA_ROOT
+from conftest import DATA_ROOT, load_module
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 import fidelity_common as fc  # noqa: E402
 import fidelity_node as fn  # noqa: E402
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 LOG = """cora Neural
@@ -165,7 +157,7 @@ def test_their_main_runs_from_a_checkout_and_leaves_nothing_behind(tmp_path):
 
 
 def test_the_docs_render_a_record(tmp_path, monkeypatch):
-    render = _load("dignn_docs_render_fidelity", REPO / "docs" / "render_results.py")
+    render = load_module("dignn_docs_render_fidelity", REPO / "docs" / "render_results.py")
     splits = [{"split": k, "ours_acc": 80.0 + k, "theirs_acc": 79.0 + 2 * k,
                "ours_best_epoch": 10 + k, "theirs_best_epoch": 100,
                "ours_ms_per_epoch": 50.0, "theirs_ms_per_epoch": 400.0} for k in range(3)]

@@ -13,20 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import load_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-peers = _load("dignn_bench_peers", REPO / "bench" / "peers.py")
-scatter_stand_in = _load("dignn_stand_in_torch_scatter",
+peers = load_module("dignn_bench_peers", REPO / "bench" / "peers.py")
+scatter_stand_in = load_module("dignn_stand_in_torch_scatter",
                          REPO / "bench" / "stand_ins" / "torch_scatter" / "__init__.py")
-sparse_stand_in = _load("dignn_stand_in_torch_sparse",
+sparse_stand_in = load_module("dignn_stand_in_torch_sparse",
                         REPO / "bench" / "stand_ins" / "torch_sparse" / "__init__.py")
 
 TINY = "random-50-300"  # directed, with repeated edges and self-loops
