@@ -21,6 +21,7 @@ paired mean difference (dignn - authors) with its standard error.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import os
@@ -278,9 +279,8 @@ def _overrides(items: Sequence[str]) -> Dict:
         if not eq:
             raise SystemExit(f"--dignn-set: KEY=VALUE, got {item!r}")
         try:
-            out[key] = eval(value, {"__builtins__": {}}, {"None": None, "True": True,
-                                                          "False": False})
-        except Exception:
+            out[key] = ast.literal_eval(value)  # numbers, None, True/False; else the text
+        except (ValueError, SyntaxError):
             out[key] = value
     return out
 
