@@ -57,6 +57,7 @@ def coefficient_overflow_message(chi: Tensor, kappa: Tensor, mu: float) -> Optio
     """Why the row coefficients 1/(mu chi_i) or kappa_i/(mu chi_i) are not finite in chi's
     dtype, or None where they are (reads chi and kappa on the host)."""
     dtype = chi.dtype
+    chi, kappa = chi.detach(), kappa.detach()  # (read on the host: no graph to keep)
     # rows whose chi and kappa are finite: a NaN or Inf there is the input's (or the edge
     # weights') fault, which the solve's warning names, not an overflow of the coefficients
     diffuses = ~guard_rows(chi) & torch.isfinite(chi) & torch.isfinite(kappa)

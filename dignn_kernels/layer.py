@@ -12,7 +12,7 @@ from .distributed.graph import DistributedGraph
 from .distributed.solve import distributed_forward
 from .graph import LAPLACIANS, CSRGraph, cached_graph
 from .reorder import check_reorder
-from .solvers.registry import check_solver_storage, get_solver
+from .solvers.registry import check_solver_storage, get_solver, solver_names
 
 __all__ = ["FusedImplicitDiffusion", "BACKENDS", "available_backends"]
 
@@ -49,10 +49,15 @@ class FusedImplicitDiffusion(nn.Module):
         eps: the epsilon of eq. 14.
         backend: ``"auto"`` (fastest for the device), ``"cpu"`` (fused C++ kernels),
             ``"cuda"``, ``"triton"``, or ``"torch"`` (plain PyTorch composition).
-        solver: ``"fixed_point"`` (the paper's iteration), ``"cg"`` (Jacobi-preconditioned
-            conjugate gradient on the SPD form (C + L/mu) Z = C X; undirected graphs only,
-            directed ones fall back to ``"anderson"`` with a warning) or ``"anderson"``
-            (Anderson acceleration of the fixed-point map). See :mod:`dignn_kernels.solvers`.
+        solver: ``"auto"`` (default: per graph, ``"cg"`` on an undirected graph and
+            ``"anderson"`` on a directed one, ``"fixed_point"`` with a ``storage_dtype``;
+            these converge for every mu > 0, see :func:`dignn_kernels.solvers.auto_solver`),
+            ``"fixed_point"`` (the paper's iteration, which converges only while mu >
+            lambda_max(Delta)), ``"cg"`` (Jacobi-preconditioned conjugate gradient on the SPD
+            form (C + L/mu) Z = C X; undirected graphs only, directed ones fall back to
+            ``"anderson"`` with a warning) or ``"anderson"`` (Anderson acceleration of the
+            fixed-point map). ``solver_used`` names the one that ran. See
+            :mod:`dignn_kernels.solvers`.
         check_every: ``cg``/``anderson`` read their on-device convergence flag every this
             many sweeps (None: every sweep on the CPU, every 4 on a GPU; 0: never, always
             ``max_iter`` sweeps, as CUDA graphs need). Results do not depend on it.
@@ -69,8 +74,8 @@ class FusedImplicitDiffusion(nn.Module):
             edge weights, chi, kappa and the convergence norms stay wide and the output and
             the gradients come back in the compute dtype (within about 5e-3 of float32 for
             bfloat16, 1e-3 for float16; see :mod:`dignn_kernels.solvers.op`).
-            ``solver="fixed_point"`` only; every backend (``"auto"`` picks as without
-            storage).
+            ``solver="fixed_point"`` (or ``"auto"``, which then runs it) only; every backend
+            (``"auto"`` picks as without storage).
         reorder: renumber the nodes for memory locality when the graph is preprocessed:
             ``"none"`` (default), ``"rcm"`` (reverse Cuthill-McKee), ``"degree"``,
             ``"community"`` (label propagation) or ``"auto"`` (the order of lowest locality
@@ -151,7 +156,7 @@ class FusedImplicitDiffusion(nn.Module):
 
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
-                 eps: float = 1e-6, backend: str = "auto", solver: str = "fixed_point",
+                 eps: float = 1e-6, backend: str = "auto", solver: str = solvers.AUTO,
                  check_every: Optional[int] = None, sync_checks: Optional[bool] = None,
                  storage_dtype: Optional[torch.dtype] = None,
                  reorder: Optional[str] = None, flow: str = "source_to_target"):
@@ -165,13 +170,16 @@ class FusedImplicitDiffusion(nn.Module):
         check_scalars(max_iter=max_iter, tol=tol, eps=eps)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        get_solver(solver)  # (a ValueError naming the registered solvers)
+        if solver != solvers.AUTO and solver not in solver_names():
+            raise ValueError(f"solver must be one of {(solvers.AUTO,) + solver_names()}, got "
+                             f"{solver!r}")
         if check_every is not None:
             check_int("check_every", check_every, 0)
         if sync_checks is not None and not isinstance(sync_checks, bool):
             raise ValueError(f"sync_checks must be None, True or False, got {sync_checks!r}")
         self.storage_dtype = check_storage_dtype(storage_dtype)
-        check_solver_storage(solver, storage_dtype)
+        if solver != solvers.AUTO:
+            check_solver_storage(solver, storage_dtype)
         if storage_dtype is not None and backend != "auto":
             check_backend_storage(backend, storage_dtype)
         self.reorder = check_reorder(reorder)
@@ -443,6 +451,14 @@ class FusedImplicitDiffusion(nn.Module):
             >>> layer(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), edge_index).shape
             torch.Size([2, 2])
         """
+        if torch.jit.is_tracing():
+            raise RuntimeError(_NOT_TORCHSCRIPT.format(how="torch.jit.trace"))
+        if isinstance(x, Tensor) and torch.is_autocast_enabled(x.device.type):
+            # Under autocast the projections' GEMMs would run in 16 bits and the solve's sums
+            # with them: the layer computes in float32 (or float64) inside and returns x's
+            # dtype, as it does for 16-bit x outside autocast.
+            with torch.autocast(x.device.type, enabled=False):
+                return self.forward(x, edge_index, edge_weight)
         if isinstance(edge_index, DistributedGraph):
             return self._forward_distributed(x, edge_index, edge_weight)
         host_checks = self._check_x(x)
@@ -453,7 +469,7 @@ class FusedImplicitDiffusion(nn.Module):
         graph = self._graph(x, edge_index, edge_weight, self.reorder, self.flow)
         backend = self._resolve_backend(x.device, graph.num_edges)
         self.backend_used = backend
-        solver = solvers.resolve_solver(self.solver, graph.symmetric)
+        solver = self._solver_for(graph.symmetric)
         self.solver_used = solver
         out_dtype = x.dtype
         compute = torch.float64 if torch.float64 in (x.dtype, self._param_dtype()) else \
@@ -462,6 +478,19 @@ class FusedImplicitDiffusion(nn.Module):
         z, stats = self._forward_kernels(graph, xc, backend, solver, host_checks)
         self._stats = stats
         return graph.to_user_order(z).to(out_dtype)
+
+    def _solver_for(self, symmetric: bool) -> str:
+        """The solver a forward runs on a graph whose W is ``symmetric`` or not: ``"auto"``
+        resolved by :func:`~dignn_kernels.solvers.auto_solver`, a named one by
+        :func:`~dignn_kernels.solvers.resolve_solver` (cg on a directed graph: anderson)."""
+        if self.solver == solvers.AUTO:
+            return solvers.auto_solver(symmetric, self.storage_dtype)
+        return solvers.resolve_solver(self.solver, symmetric)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: refuse with the fix instead of an error about
+        # the layer's internals
+        raise RuntimeError(_NOT_TORCHSCRIPT.format(how="torch.jit.script"))
 
     @staticmethod
     def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor],
@@ -540,6 +569,11 @@ class FusedImplicitDiffusion(nn.Module):
                                              if self.storage_dtype is not None else "")
                 + (f", reorder={self.reorder!r}" if self.reorder != "none" else "")
                 + f", flow={self.flow!r}")
+
+
+_NOT_TORCHSCRIPT = (
+    "FusedImplicitDiffusion does not support TorchScript ({how}): use torch.compile(model) "
+    "instead (with a prebuilt graph from dignn_kernels.build_graph for fullgraph=True)")
 
 
 def _graph_device(edge) -> Optional[torch.device]:

@@ -113,7 +113,10 @@ def make_graph(kind, n=24, d=5, seed=0, dtype=torch.float64):
 
 def make_layer(d, laplacian="neural", mu=None, h=4, seed=0, scale=0.4, dtype=torch.float64,
                **kwargs):
-    """A layer whose metric weights are small enough for the fixed point to converge."""
+    """A layer whose metric weights are small enough for the fixed point to converge; the
+    paper's fixed point unless ``solver=`` says otherwise (the tests compare it with the
+    reference's iterations; the layer's own default, ``"auto"``, has its tests)."""
+    kwargs.setdefault("solver", "fixed_point")
     torch.manual_seed(seed)
     if mu is None:
         mu = {"unnormalized": 60.0}.get(laplacian, 3.0)

@@ -118,7 +118,7 @@ def distributed_forward(layer, x: Tensor, graph: DistributedGraph,
                          f"build the graph with device={str(x.device)!r} or move x")
     backend = layer._resolve_backend(x.device, graph.num_edges)
     layer.backend_used = backend
-    solver = solve_op.resolve_solver(layer.solver, graph.symmetric)
+    solver = layer._solver_for(graph.symmetric)
     layer.solver_used = solver
     compute = torch.float64 if torch.float64 in (x.dtype, layer._param_dtype()) else \
         torch.float32

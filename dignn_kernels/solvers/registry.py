@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 __all__ = ["SolverSpec", "register_solver", "get_solver", "solver_names",
-           "check_solver_storage"]
+           "check_solver_storage", "AUTO", "auto_solver"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,48 @@ def check_solver_storage(solver: str, storage_dtype: Optional[torch.dtype]) -> N
     raise ValueError(f"storage_dtype={storage_dtype} runs with {which} only ({solver} keeps "
                      f"its iterates in the compute dtype); got solver={solver!r}. Pass "
                      f"{which} or storage_dtype=None.")
+
+
+#: The name that asks for :func:`auto_solver`'s choice, per graph: the layer's default.
+AUTO = "auto"
+
+
+def auto_solver(symmetric: bool, storage_dtype: Optional[torch.dtype] = None) -> str:
+    """The solver that ``solver="auto"`` runs on a graph: one rule for the layer's default,
+    the ``dignn`` presets and graphs users bring, chosen so that no solve diverges.
+
+    The paper's fixed-point iteration Z <- X - (1/mu) Delta Z (eq. iter) converges only while
+    mu > lambda_max(Delta) (corollary "Tractable Well-Posedness Condition"), and for the graph
+    neural Laplacian nothing keeps it there: theorem "Spectral Range of Delta_Phi" bounds
+    lambda_max by 2 c_phi^2 c_chi c_X cosh(c_chi c_X), which grows with the norm c_X of the
+    layer's input, which training is free to grow. So:
+
+    - a symmetric W (an undirected graph): ``cg``, which solves the same equation in its
+      symmetric positive definite form (C + L/mu) Z = C X for every mu > 0. Where the fixed
+      point converges the layer is the same function; where it would not, cg still reaches
+      the unique equilibrium, and the implicit gradients are those of that equilibrium.
+    - a directed graph: ``anderson``. cg needs a symmetric W; the equation keeps a unique
+      solution for every mu > 0 (Gershgorin: every eigenvalue of Delta = C^-1 (K - W) has real
+      part >= 0), and Anderson's residual is that of the equation itself.
+    - 16-bit iterates (``storage_dtype``) exist for the fixed point only: it runs then, with
+      its condition mu > lambda_max.
+
+    The rule needs neither mu nor the Laplacian. ``solver="fixed_point"`` keeps the paper's
+    iteration.
+
+    Args:
+        symmetric: whether the graph's W is symmetric (:attr:`CSRGraph.symmetric`).
+        storage_dtype: None, or the solve's 16-bit storage dtype.
+
+    Returns:
+        str: ``"cg"``, ``"anderson"`` or ``"fixed_point"``.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers import auto_solver
+        >>> auto_solver(True), auto_solver(False), auto_solver(True, torch.bfloat16)
+        ('cg', 'anderson', 'fixed_point')
+    """
+    if storage_dtype is not None:
+        return "fixed_point"
+    return "cg" if symmetric else "anderson"

@@ -310,37 +310,14 @@ DIRECTED_DATASETS = frozenset({"chameleon-directed", "squirrel-directed"})
 
 
 def preset_solver(directed: bool, storage_dtype: Optional[str] = None) -> str:
-    """The implicit layer's solver under both presets and for user data: one rule, chosen so
-    that no solve diverges on graphs the presets were not tuned on.
-
-    The paper's fixed-point iteration Z <- X~ - (1/mu) Delta Z (eq. iter) converges only
-    while mu > lambda_max(Delta) (corollary "Tractable Well-Posedness Condition"), and for
-    the graph neural Laplacian nothing keeps it there: theorem "Spectral Range of Delta_Phi"
-    bounds lambda_max by 2 c_phi^2 c_chi c_X cosh(c_chi c_X), which grows with the norm c_X
-    of the input embedding X~ that training is free to grow (spectral normalization bounds
-    c_chi and c_phi only), and trained models do cross it: with the fixed point, training
-    Cora at the tuned mu 2.1 and MUTAG at table 7's mu 1.25 raises DivergenceWarnings, and
-    NCI1 ends at lambda_max 2.0-2.8 against its mu 1.25. So:
-
-    - undirected graph: ``cg``, which solves the same equation (I + Delta/mu) Z = X~ (in its
-      symmetric positive definite form (C + L/mu) Z = C X~) for every mu > 0. Where the
-      fixed point converges the model is the same function; where it would not, cg still
-      reaches the unique equilibrium, and the implicit gradients are those of that
-      equilibrium.
-    - directed graph: ``anderson``. cg needs a symmetric W; the fixed point fails silently
-      there when mu is below the spectral radius (its divergence certificate is a proof on
-      undirected graphs only). The equation keeps a unique solution for every mu > 0
-      (Gershgorin: every eigenvalue of Delta = C^-1 (K - W) has real part >= 0), Anderson's
-      residual is of the equation itself, and a solve that ends no better than it started
-      raises a DivergenceWarning. rw's lambda_max <= 2 holds on directed graphs too, so there
-      the fixed point converges at mu > 2, but slowly: on the directed Chameleon links at
-      the paper's mu 2.2 its last of 10 steps is still ~2e-2 of ||Z||, where Anderson's
-      residual of the equation reaches ~3e-7 (``bench/results/preset_divergence.json``).
-    - 16-bit iterates (``storage_dtype``) exist for the fixed point only: a run that asks
-      for them keeps it, with its condition mu > lambda_max.
-
-    The rule needs neither mu nor the Laplacian: it holds for every mu > 0, for ``neural``
-    and ``rw`` alike.
+    """The implicit layer's solver under both presets and for user data: the layer's own
+    ``solver="auto"`` rule (:func:`dignn_kernels.solvers.auto_solver`), so that a model built
+    by hand and a ``dignn`` run solve alike: ``cg`` on an undirected graph and ``anderson`` on
+    a directed one, which converge for every mu > 0 where the paper's fixed point needs
+    mu > lambda_max(Delta) (trained models cross it: with the fixed point, Cora at the tuned
+    mu 2.1 and MUTAG at table 7's mu 1.25 diverge during training,
+    ``bench/results/preset_divergence.json``); the fixed point with 16-bit iterates, which
+    only it keeps.
 
     Args:
         directed: whether the graph is directed (W not symmetric).
@@ -361,9 +338,9 @@ def preset_solver(directed: bool, storage_dtype: Optional[str] = None) -> str:
     """
     if not isinstance(directed, bool):
         raise TypeError(f"directed must be True or False, got {directed!r}")
-    if storage_dtype is not None:
-        return "fixed_point"
-    return "anderson" if directed else "cg"
+    # (imported here: the command line reads the presets before it loads the kernels)
+    from dignn_kernels.solvers import auto_solver
+    return auto_solver(not directed, storage_dtype)  # (it reads whether one is given)
 
 
 def preset_config(dataset: str, laplacian: str = "neural", preset: str = "tuned", *,
