@@ -121,21 +121,79 @@ def metis_assignment(graph: CSRGraph, parts: int, seed: int = 0) -> Tensor:
     weights 1 + the row's CSR entries so that the ranks' sweeps take about equal time; edge
     values are ignored (METIS minimizes the number of cut edges, which is what the exchange
     moves). A directed graph is partitioned as its symmetrization: a cut either way costs
-    one halo row."""
+    one halo row.
+
+    Only the nodes with a neighbour go to METIS: its coarsening cannot match a vertex
+    without edges, so each isolated node survives every level and the time grows faster
+    than quadratically in their number. They cut no edge wherever they go, so they are
+    spread afterwards, in id order, over the parts below the mean work
+    (:func:`_spread_isolated`); METIS gets only as many parts as the connected nodes' share
+    of the work needs, so that they are not cut more than the balance asks. Time: METIS on
+    the connected nodes plus O(nodes + edges)."""
     pymetis = _metis_module()
     n = graph.num_nodes
     if parts == 1 or n == 0:
         return torch.zeros(n, dtype=torch.int64)
-    if parts >= n:  # one node per rank (METIS rejects more parts than vertices)
-        return torch.arange(n, dtype=torch.int64)
-    index = _metis_index_dtype(pymetis)
     xadj, adjncy = _metis_adjacency(graph)
-    vweights = _row_cost(graph).to(index)
+    cost = _row_cost(graph)
+    connected = torch.nonzero(xadj[1:] > xadj[:-1]).flatten()
+    k = _parts_for(int(cost[connected].sum()), int(cost.sum()), parts)
+    assignment = torch.zeros(n, dtype=torch.int64)
+    assignment[connected] = _metis_parts(pymetis, xadj, adjncy, cost, connected, k, seed)
+    return _spread_isolated(assignment, cost, connected, parts)
+
+
+def _parts_for(connected_work: int, total_work: int, parts: int) -> int:
+    """How many of ``parts`` parts the connected nodes need so that none holds more than the
+    mean work (all of them when there are no isolated nodes)."""
+    return max(1, min(parts, -(-connected_work * parts // max(total_work, 1))))
+
+
+def _metis_parts(pymetis, xadj: Tensor, adjncy: Tensor, cost: Tensor, nodes: Tensor,
+                 parts: int, seed: int) -> Tensor:
+    """METIS's part (0..parts-1) of each of ``nodes``, the nodes with a neighbour, on the
+    graph they induce (which holds every edge: the others have none)."""
+    count = nodes.numel()
+    if parts == 1 or count == 0:
+        return torch.zeros(count, dtype=torch.int64)
+    if parts >= count:  # one node per part (METIS rejects more parts than vertices)
+        return torch.arange(count, dtype=torch.int64)
+    index = _metis_index_dtype(pymetis)
+    local = torch.full((xadj.numel() - 1,), -1, dtype=torch.int64)
+    local[nodes] = torch.arange(count)
+    sub_xadj = torch.cat([xadj[:1], xadj[nodes + 1]])  # isolated rows add no entries
+    sub_adjncy = local[adjncy.long()]
     options = pymetis.Options(seed=seed)
-    adjacency = pymetis.CSRAdjacency(xadj.to(index).numpy(), adjncy.to(index).numpy())
-    _, membership = pymetis.part_graph(parts, adjacency, vweights=vweights.numpy(),
+    adjacency = pymetis.CSRAdjacency(sub_xadj.to(index).numpy(),
+                                     sub_adjncy.to(index).numpy())
+    _, membership = pymetis.part_graph(parts, adjacency,
+                                       vweights=cost[nodes].to(index).numpy(),
                                        options=options)
     return torch.as_tensor(membership, dtype=torch.int64)
+
+
+def _spread_isolated(assignment: Tensor, cost: Tensor, connected: Tensor,
+                     parts: int) -> Tensor:
+    """``assignment`` (set for the ``connected`` nodes) with every other node placed, in id
+    order, in the parts whose work is below the mean: each part takes a run of consecutive
+    isolated nodes as long as its shortfall, so that no part ends more than one node's work
+    above the mean. Deterministic, O(nodes + parts)."""
+    isolated = torch.ones(assignment.numel(), dtype=torch.bool)
+    isolated[connected] = False
+    spread = torch.nonzero(isolated).flatten()
+    if spread.numel() == 0:
+        return assignment
+    total = cost.sum().double()
+    load = torch.bincount(assignment[connected], weights=cost[connected].double(),
+                          minlength=parts)
+    shortfall = torch.clamp(total / parts - load, min=0)
+    ends = torch.cumsum(shortfall, 0)  # part r takes the isolated work in [ends[r-1], ends[r])
+    weight = cost[spread].double()
+    start = torch.cumsum(weight, 0) - weight  # the isolated work before each isolated node
+    # the shortfalls sum to at least the isolated work; the clamp absorbs rounding
+    assignment[spread] = torch.clamp(torch.searchsorted(ends, start, right=True),
+                                     max=parts - 1)
+    return assignment
 
 
 def _segments(rowptr: Tensor, rows: Tensor) -> Tensor:
