@@ -132,8 +132,8 @@ class FusedImplicitDiffusion(nn.Module):
         >>> layer = FusedImplicitDiffusion(4, mu=2.2)  # the neural Laplacian
         >>> x = torch.randn(3, 4, requires_grad=True)
         >>> z = layer(x, edge_index)
-        >>> z.shape, z.dtype, layer.solver_used
-        (torch.Size([3, 4]), torch.float32, 'fixed_point')
+        >>> z.shape, z.dtype, layer.solver_used  # solver="auto": cg on an undirected graph
+        (torch.Size([3, 4]), torch.float32, 'cg')
         >>> layer.iterations <= layer.max_iter and layer.residual >= 0
         True
         >>> z.sum().backward()
@@ -453,7 +453,8 @@ class FusedImplicitDiffusion(nn.Module):
         """
         if torch.jit.is_tracing():
             raise RuntimeError(_NOT_TORCHSCRIPT.format(how="torch.jit.trace"))
-        if isinstance(x, Tensor) and torch.is_autocast_enabled(x.device.type):
+        if isinstance(x, Tensor) and torch.amp.is_autocast_available(x.device.type) and \
+                torch.is_autocast_enabled(x.device.type):
             # Under autocast the projections' GEMMs would run in 16 bits and the solve's sums
             # with them: the layer computes in float32 (or float64) inside and returns x's
             # dtype, as it does for 16-bit x outside autocast.

@@ -88,7 +88,8 @@ def test_a_registered_solver_converges_where_the_fixed_point_diverges():
     ei = torch.stack([torch.cat([ring, (ring + 1) % n]), torch.cat([(ring + 1) % n, ring])])
     x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with pytest.warns(dk.DivergenceWarning):
-        dk.FusedImplicitDiffusion(3, mu=1.0, laplacian="rw", max_iter=200)(x, ei)
+        dk.FusedImplicitDiffusion(3, mu=1.0, laplacian="rw", solver="fixed_point",
+                                  max_iter=200)(x, ei)
     layer = dk.FusedImplicitDiffusion(3, mu=1.0, laplacian="rw", solver="damped_richardson",
                                       max_iter=200, tol=1e-12)
     want, _ = reference.dense_equilibrium(x, ei, laplacian="rw", mu=1.0)
