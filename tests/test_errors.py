@@ -148,3 +148,72 @@ def test_non_contiguous_inputs_just_work(graph):
     w_nc = torch.stack([w, w], dim=1)[:, 0]
     assert not (x_nc.is_contiguous() or ei_nc.is_contiguous() or w_nc.is_contiguous())
     assert torch.equal(layer(x_nc, ei_nc, w_nc), want)
+
+
+def _adjacency(layout, values=None, n=4):
+    """The adj_t of a 4-cycle (entry (target, source)) in ``layout``, its values ``values``."""
+    dense = torch.zeros(n, n)
+    dense[[1, 2, 3, 0], [0, 1, 2, 3]] = 1.0
+    if values is not None:
+        dense[dense != 0] = values
+    return {"coo": dense.to_sparse, "csr": dense.to_sparse_csr, "csc": dense.to_sparse_csc,
+            "bsr": lambda: dense.to_sparse_bsr(2), "bsc": lambda: dense.to_sparse_bsc(2)}[layout]()
+
+
+SPARSE = ["coo", "csr", "csc", "bsr", "bsc"]
+
+
+@pytest.mark.parametrize("layout", SPARSE)
+@pytest.mark.parametrize("bad,exc,match", [
+    (math.nan, ValueError, r"the sparse adjacency's values contains NaN or Inf"),
+    (-1.0, ValueError, r"the sparse adjacency's values must be >= 0"),
+    ("nodes", ValueError, r"the sparse adjacency has shape \[4, 4\] but x has 6 nodes"),
+    ("flow", ValueError, r"flow='target_to_source' is invalid for a torch sparse tensor"),
+    ("weight", ValueError, "edge_weight must be None when the graph is a sparse tensor"),
+])
+def test_sparse_layouts_refused(layout, bad, exc, match):
+    """Every sparse layout is checked as the COO one is, naming its values and the fix."""
+    n = 6 if bad == "nodes" else 4
+    adj = _adjacency(layout, bad if isinstance(bad, float) else None)
+    x = torch.randn(n, 4)
+    layer = layer4(flow="target_to_source") if bad == "flow" else layer4()
+    with pytest.raises(exc, match=match):
+        layer(x, adj, torch.ones(4) if bad == "weight" else None)
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: torch.zeros(4, 4).to_mkldnn(), TypeError,
+     r"tensor of layout torch._mkldnn, which holds no graph: pass edge_index .* or a sparse "
+     r"adjacency of one of the layouts"),
+    (lambda: torch.sparse_csr_tensor(torch.tensor([[0, 1, 2, 3, 4]] * 2),
+                                     torch.tensor([[1, 2, 3, 0]] * 2), torch.ones(2, 4),
+                                     (2, 4, 4), check_invariants=True), ValueError,
+     r"the sparse adjacency \(torch.sparse_csr\) must be 2-D \[num_nodes, num_nodes\], got "
+     r"shape \[2, 4, 4\]"),
+    (lambda: torch.stack([_adjacency("coo")] * 2), ValueError,
+     r"the sparse adjacency \(torch.sparse_coo\) must be 2-D"),
+    (lambda: torch.sparse_coo_tensor(torch.tensor([[1, 2], [0, 1]]), torch.ones(2, 3),
+                                     (4, 4, 3), check_invariants=True), ValueError,
+     r"must hold one scalar per edge, but it has 1 dense dimension"),
+    (lambda: torch.sparse_csr_tensor(torch.tensor([0, 2, 1, 3, 4]),
+                                     torch.tensor([1, 2, 0, 3]), torch.ones(4), (4, 4),
+                                     check_invariants=False), ValueError,
+     r"the sparse adjacency's crow_indices must be non-decreasing offsets from 0 to its 4 "
+     r"entries"),
+    (lambda: torch.sparse_csc_tensor(torch.tensor([0, 1, 2, 3, 5]),
+                                     torch.tensor([1, 2, 3, 0]), torch.ones(4), (4, 4),
+                                     check_invariants=False), ValueError,
+     r"the sparse adjacency's ccol_indices must be non-decreasing offsets from 0 to its 4"),
+    (lambda: torch.sparse_csc_tensor(torch.tensor([0, 1, 2, 3, 4]),
+                                     torch.tensor([1, 2, 9, 0]), torch.ones(4), (4, 4),
+                                     check_invariants=False), IndexError,
+     r"the sparse adjacency holds row index 9 but x has 4 nodes"),
+    (lambda: _adjacency("bsc").requires_grad_(), ValueError,
+     r"the sparse adjacency's values requires grad.*adj.detach\(\)"),
+])
+def test_sparse_adjacency_malformed(make, exc, match):
+    """A sparse tensor that holds no graph, a batch, dense dimensions, malformed compressed
+    indices (torch checks none of them unless asked), or values requiring grad: an error
+    naming what is wrong, never another graph or a kernel's index error."""
+    with pytest.raises(exc, match=match):
+        layer4()(torch.randn(4, 4), make())
