@@ -66,8 +66,10 @@ def _commit() -> str:
                               timeout=10).stdout.strip()
     try:
         head = git("rev-parse", "--short", "HEAD") or "unknown"
-        dirty = git("status", "--porcelain", "--", "dignn_kernels", "bench/graph_cache_check.py")
-        return head + (" with uncommitted changes to dignn_kernels" if dirty else "")
+        dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--",
+                                          "dignn_kernels", "csrc", "python").splitlines()]
+        return head + (f" (the tree also had uncommitted changes to {', '.join(dirty)})"
+                       if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -209,6 +211,8 @@ def main():
     }
     for name, s in steps.items():
         checked, prebuilt = _median(s["times"]["checked"]), _median(s["times"]["prebuilt"])
+        paired = [a - b for a, b in zip(s["times"]["checked"], s["times"]["prebuilt"])]
+        quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
         record["steps"][name] = {
             "config": s["config"],
             "sweeps": [s["layer"].iterations, s["layer"].backward_iterations],
@@ -216,6 +220,9 @@ def main():
             "ms": {k: [round(t, 2) for t in v] for k, v in s["times"].items()},
             "median_ms": {"checked": checked, "prebuilt": prebuilt},
             "ab_difference_ms": round(checked - prebuilt, 3),
+            "paired_difference_ms": {"median": _median(paired),
+                                     "quartiles": [round(q, 2) for q in quartiles],
+                                     "what": "checked - prebuilt within each round"},
             "check_share_of_step": round(check_ms / prebuilt, 5),
         }
     shares = [v["check_share_of_step"] for v in record["steps"].values()]
