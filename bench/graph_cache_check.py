@@ -61,11 +61,11 @@ def _cpu() -> str:
 
 
 def _commit() -> str:
-    def git(*args):
+    def git(*args):  # (not strip(): porcelain lines begin with a space)
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+                              timeout=10).stdout.rstrip("\n")
     try:
-        head = git("rev-parse", "--short", "HEAD") or "unknown"
+        head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
         dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--",
                                           "dignn_kernels", "csrc", "python").splitlines()]
         return head + (f" (the tree also had uncommitted changes to {', '.join(dirty)})"
