@@ -18,7 +18,9 @@ interleaved round by round (alternating which goes first; another job may hold a
 
 The check alone (a cache hit of ``cached_graph``) is timed in the same rounds; its share of a
 step is its median over the prebuilt step's median. The A/B difference of the two steps is
-recorded beside it (within the rounds' noise, it is the same quantity measured the hard way).
+recorded beside it, with a control arm: the prebuilt step after a busy wait as long as the
+check, a known cost whose measured difference says how finely the A/B resolves on a shared
+machine (another job's time slices move a step by more than the check).
 
     DIGNN_DATA=../shared/data OMP_NUM_THREADS=1 python bench/graph_cache_check.py \\
         --out bench/results/graph_cache_check_cpu.json
@@ -154,30 +156,39 @@ def main():
                                      f"preset_config('cornell5')): {config}; forward, "
                                      f"cross-entropy on split 0's training nodes, backward, "
                                      f"Adam step")
-    for s in steps.values():
-        layer = s["layer"]
-        s["graph"] = dk.cached_graph(s["edge_index"], n, None, layer.reorder, layer.flow)
-        s["times"] = {"checked": [], "prebuilt": []}
-        for variant in ("checked", "prebuilt"):  # warm-up: build, first-touch, allocator
-            s["step"](s["edge_index"] if variant == "checked" else s["graph"])
-
     def hit():
         dk.cached_graph(edge_index, n)
     dk.cached_graph(edge_index, n)
+    spin_ms = statistics.median(_ms(hit) for _ in range(50))
+
+    def spin():  # the control: a busy wait as long as the check, then the prebuilt step
+        end = time.perf_counter() + spin_ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+    variants = ("checked", "prebuilt", "control")
+    for s in steps.values():
+        layer = s["layer"]
+        s["graph"] = dk.cached_graph(s["edge_index"], n, None, layer.reorder, layer.flow)
+        s["times"] = {v: [] for v in variants}
+        s["run"] = {"checked": lambda s=s: s["step"](s["edge_index"]),
+                    "prebuilt": lambda s=s: s["step"](s["graph"]),
+                    "control": lambda s=s: (spin(), s["step"](s["graph"]))}
+        for variant in variants:  # warm-up: build, first-touch, allocator
+            s["run"][variant]()
+
     check, fingerprint = [], []
     words = edge_index.numpy().view(np.uint64)
     for r in range(args.rounds):
         for s in steps.values():
-            order = ("checked", "prebuilt") if r % 2 == 0 else ("prebuilt", "checked")
-            for variant in order:
-                graph = s["edge_index"] if variant == "checked" else s["graph"]
-                s["times"][variant].append(_ms(lambda: s["step"](graph)))
+            for variant in variants[r % 3:] + variants[:r % 3]:  # each first in turn
+                s["times"][variant].append(_ms(s["run"][variant]))
         check += [_ms(hit) for _ in range(args.check_calls)]
         fingerprint += [_ms(lambda: (xxhash.xxh3_64_intdigest(words),
                                      words.sum(dtype=np.uint64)))
                         for _ in range(args.check_calls)]
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{k} {s['times']['checked'][-1]:.1f}/{s['times']['prebuilt'][-1]:.1f} ms"
+            f"{k} " + "/".join(f"{s['times'][v][-1]:.1f}" for v in variants) + " ms"
             for k, s in steps.items()) + f", check {statistics.median(check):.3f} ms",
             file=sys.stderr)
 
@@ -186,7 +197,11 @@ def main():
         "what": "the graph cache's per-call content check (dignn_kernels.cached_graph: XXH3-64 "
                 "and a wrapping 64-bit sum over the graph's tensors, then the lookup) against "
                 "a training step on cornell5 given edge_index (checked) or the prebuilt "
-                "CSRGraph (no lookup), interleaved in one process, one thread",
+                "CSRGraph (no lookup), interleaved in one process, one thread; the control "
+                "arm is the prebuilt step after a busy wait as long as the check (spin_ms): "
+                "its paired difference from the prebuilt step shows what a known cost of "
+                "that size measures as on the day",
+        "spin_ms": round(spin_ms, 3),
         "command": "DIGNN_DATA=../shared/data OMP_NUM_THREADS=1 python "
                    "bench/graph_cache_check.py " + " ".join(sys.argv[1:]),
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "threads": 1,
@@ -209,21 +224,26 @@ def main():
         "steps": {},
         "goal": f"the check at most {GOAL_SHARE:.0%} of a training step",
     }
+    def paired(times, a, b):
+        diff = [x - y for x, y in zip(times[a], times[b])]
+        quartiles = statistics.quantiles(diff, n=4) if len(diff) > 1 else diff * 3
+        return {"median": _median(diff), "quartiles": [round(q, 2) for q in quartiles]}
+
     for name, s in steps.items():
-        checked, prebuilt = _median(s["times"]["checked"]), _median(s["times"]["prebuilt"])
-        paired = [a - b for a, b in zip(s["times"]["checked"], s["times"]["prebuilt"])]
-        quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        medians = {v: _median(s["times"][v]) for v in variants}
         record["steps"][name] = {
             "config": s["config"],
             "sweeps": [s["layer"].iterations, s["layer"].backward_iterations],
             "solver_used": s["layer"].solver_used,
             "ms": {k: [round(t, 2) for t in v] for k, v in s["times"].items()},
-            "median_ms": {"checked": checked, "prebuilt": prebuilt},
-            "ab_difference_ms": round(checked - prebuilt, 3),
-            "paired_difference_ms": {"median": _median(paired),
-                                     "quartiles": [round(q, 2) for q in quartiles],
-                                     "what": "checked - prebuilt within each round"},
-            "check_share_of_step": round(check_ms / prebuilt, 5),
+            "median_ms": medians,
+            "ab_difference_ms": round(medians["checked"] - medians["prebuilt"], 3),
+            "paired_difference_ms": {
+                "what": "within each round: the first variant's step minus the second's",
+                "checked - prebuilt": paired(s["times"], "checked", "prebuilt"),
+                "control - prebuilt": paired(s["times"], "control", "prebuilt"),
+                "checked - control": paired(s["times"], "checked", "control")},
+            "check_share_of_step": round(check_ms / medians["prebuilt"], 5),
         }
     shares = [v["check_share_of_step"] for v in record["steps"].values()]
     record["largest_share"] = max(shares)
