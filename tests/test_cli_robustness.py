@@ -694,3 +694,216 @@ def test_partition_load_checks_every_field(tmp_path, how):
     torch.save(_altered(data, how), path)
     with pytest.raises(ValueError, match=r"ring\.part.*cannot be used"):
         GraphPartition.load(path)
+
+
+# --------------------------------------- every file the command writes (issue 43) --
+# --json (train, sweep, plot), --checkpoint and plot's --out: a name of any length the file
+# system takes is written (the temporary's name is bounded); a name it does not take is
+# refused before any data is read, naming the option; a write the system refuses (no space,
+# a file size limit, a read-only folder, a folder that became a file) ends with one line
+# naming the path, the option and the reason, the old file unchanged, no temporary left.
+
+def _graph_file(folder: Path) -> Path:
+    path = folder / "g.pt"
+    if not path.exists():
+        data = node_data(40)
+        torch.save(Data(x=data.x, edge_index=data.edge_index, y=data.y), path)
+    return path
+
+
+OUTPUTS = ["train --json", "train --checkpoint", "sweep --json", "plot --out",
+           "plot --json"]
+
+
+def _writing(output: str, target: Path, data: Path) -> list:
+    """The command of ``output`` (e.g. ``sweep --json``) writing ``target``."""
+    command, flag = output.split()
+    user_file = ["--dataset", str(data), "--split-ratio", "0.5,0.25,0.25", "--num-splits",
+                 "1", *TINY]
+    if command == "train":
+        extra = ["--checkpoint-every", "1"] if flag == "--checkpoint" else []
+        return ["train", *user_file, flag, str(target), *extra]
+    if command == "sweep":
+        return ["sweep", *user_file, "--grid", "mu=2", flag, str(target)]
+    figure = [] if flag == "--out" else ["--out", str(target.parent / "figure.png")]
+    return ["plot", "convergence", "--epochs", "2", "--max-iter", "3", "--device", "cpu",
+            flag, str(target), *figure]
+
+
+def _no_data(monkeypatch):
+    """Makes reading any dataset fail the test."""
+    import dignn.data
+    import dignn.plot
+
+    def no_data(*_, **__):
+        raise AssertionError("the data was read before the output paths were checked")
+    for owner, name in ((dignn.data, "load_user_file"), (dignn.data, "load_dataset"),
+                        (dignn.plot, "load_dataset")):
+        monkeypatch.setattr(owner, name, no_data)
+
+
+LONG_NAMES = {"ascii_250": "r" * 245 + ".json",
+              "utf8_255_bytes": "\u00e9" * 125 + ".json",  # 2 bytes each
+              "dots_and_spaces_255": ". a" * 83 + ".json"[:6]}
+
+
+@pytest.mark.parametrize("name", list(LONG_NAMES))
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_any_name_the_file_system_takes_is_written(output, name, tmp_path, capsys):
+    """Formerly the temporary's name, the target's with 20 or more bytes more, went over
+    the name limit: the run trained, then failed and its results were lost."""
+    target = tmp_path / LONG_NAMES[name]
+    assert len(os.fsencode(target.name)) <= os.pathconf(tmp_path, "PC_NAME_MAX")
+    rc, _, err = run(_writing(output, target, _graph_file(tmp_path)), capsys)
+    assert rc == 0, err
+    assert target.is_file() and target.stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_checkpoint_with_a_long_name_resumes(tmp_path, capsys):
+    target = tmp_path / ("c" * 250 + ".ckpt")
+    argv = _writing("train --checkpoint", target, _graph_file(tmp_path))
+    assert run(argv, capsys)[0] == 0
+    assert run(argv + ["--resume"], capsys)[0] == 0
+
+
+def _over_the_limit(kind: str, folder: Path) -> Path:
+    name_max = os.pathconf(folder, "PC_NAME_MAX")
+    if kind == "name":
+        return folder / ("n" * (name_max + 1 - 5) + ".json")
+    if kind == "multibyte_name":  # fewer characters than the limit, more bytes
+        return folder / ("\u00e9" * (name_max // 2) + ".json")
+    if kind == "folder_name":
+        return folder / ("d" * (name_max + 1)) / "run.json"
+    path_max = os.pathconf(folder, "PC_PATH_MAX")  # many folders, each name short enough
+    return folder.joinpath(*["p" * 200] * (path_max // 200 + 1), "run.json")
+
+
+@pytest.mark.parametrize("kind", ["name", "multibyte_name", "folder_name", "path"])
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_names_the_system_refuses_are_refused_first(output, kind, tmp_path, capsys,
+                                                    monkeypatch):
+    """Before any data is read, in one line naming the option and the fix (formerly an
+    over-long file name trained first, then failed; a path over the limit said only
+    "[Errno 36] File name too long")."""
+    target = _over_the_limit(kind, tmp_path)
+    argv = _writing(output, target, _graph_file(tmp_path))
+    _no_data(monkeypatch)
+    before = sorted(os.listdir(tmp_path))
+    command, flag = output.split()
+    fix = "give a shorter path" if kind == "path" else "give a shorter name"
+    refused(argv, capsys, flag, fix, "bytes", command=command)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+# (errno, the reason's words) of a write the system refuses at the end of a run
+REFUSALS = {"no_space": (28, "No space left on device"), "quota": (122, "Disk quota exceeded"),
+            "read_only_file_system": (30, "Read-only file system"),
+            "permission": (13, "Permission denied")}
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_a_refused_write_names_path_option_and_reason(output, refusal, tmp_path, capsys,
+                                                      monkeypatch):
+    """The system refuses the rename that completes the write (the errors a full disk, a
+    quota, a read-only mount or permissions give there): one line with the path, the option
+    and the reason; the old file as it was; no temporary. Formerly: "[Errno 28] No space
+    left on device", no path, no option."""
+    import dignn.files
+    code, reason = REFUSALS[refusal]
+    target = tmp_path / "out" / "result.data"
+    target.parent.mkdir()
+    target.write_bytes(b"the previous result")
+    argv = _writing(output, target, _graph_file(tmp_path))
+
+    def refuse(src, dst):
+        if Path(dst) == target:
+            raise OSError(code, reason)
+        return os.rename(src, dst)
+    monkeypatch.setattr(dignn.files.os, "replace", refuse)
+    command, flag = output.split()
+    refused(argv, capsys, f"{flag} {str(target)!r} could not be written: {reason}",
+            "the file there is unchanged", command=command)
+    assert target.read_bytes() == b"the previous result"
+    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("output", ["train --json", "train --checkpoint", "plot --out"])
+def test_a_folder_that_became_a_file_during_the_run(output, tmp_path, capsys, monkeypatch):
+    """A real refusal of the system: the output's folder is replaced by a file while the
+    run trains (after the paths were checked)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    target = folder / "result.data"
+    argv = _writing(output, target, _graph_file(tmp_path))
+    step = torch.optim.Adam.step
+
+    def swap_then_step(self, *args, **kwargs):
+        if folder.is_dir():
+            folder.rmdir()
+            folder.write_text("a file now")
+        return step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.Adam, "step", swap_then_step)
+    command, flag = output.split()
+    refused(argv, capsys, f"{flag} {str(target)!r} could not be written: Not a directory",
+            "nothing was written", command=command)
+    assert folder.read_text() == "a file now"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.pt", "out"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"),
+                    reason="RLIMIT_FSIZE is a POSIX limit")
+def test_a_file_size_limit_is_one_line_naming_the_checkpoint(tmp_path):
+    """The issue's case: under ``ulimit -f`` the checkpoint's write fails with "File too
+    large"; the line names the path and --checkpoint, the old checkpoint is kept."""
+    import resource
+    data = _graph_file(tmp_path)
+    checkpoint = tmp_path / "run.ckpt"
+    checkpoint.write_bytes(b"an older checkpoint")
+    limit = 4096  # bytes: far below a checkpoint's size, above every other file written
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHON_PATH,
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "dignn", *_writing("train --checkpoint",
+                                                                    checkpoint, data)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+                          preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"dignn train: error: --checkpoint {str(checkpoint)!r} could "
+                               f"not be written: File too large"), lines[0]
+    assert "ulimit -f" in lines[0]
+    assert checkpoint.read_bytes() == b"an older checkpoint"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.pt", "run.ckpt"]
+
+
+def test_a_partition_file_that_cannot_be_written(tmp_path, capsys, monkeypatch):
+    """--partition-file: its folder becomes a file while rank 0 partitions (a world of one
+    process here); the line names the option; the other ranks would be told, not left
+    waiting at the barrier."""
+    import torch.distributed as dist
+    import dignn_kernels.distributed as kd
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    target = folder / "graph.part"
+    original = kd.partition
+
+    def swap_then_partition(*args, **kwargs):
+        folder.rmdir()
+        folder.write_text("a file now")
+        return original(*args, **kwargs)
+    monkeypatch.setattr(kd, "partition", swap_then_partition)
+    argv = _writing("train --json", tmp_path / "run.json", _graph_file(tmp_path))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        refused(argv + ["--distributed", "--partition-file", str(target)], capsys,
+                f"--partition-file {str(target)!r} could not be written: Not a directory")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.pt", "parts"]

@@ -765,6 +765,11 @@ def _train(args) -> int:
         return 2
     try:
         code = _train_run(args, (rank, world, device))
+    except KeyboardInterrupt:  # torchrun passes Ctrl-C to every rank: rank 0 says it
+        if rank == 0:
+            _say_interrupted(args)
+        sys.stdout.flush()
+        os._exit(INTERRUPTED)  # the group's teardown could wait on peers already gone
     except RuntimeError as err:  # a collective failed: a peer died or timed out
         sys.stdout.flush()
         print(f"dignn train: error: rank {rank} of {world}: {err}", file=sys.stderr,
@@ -1050,8 +1055,12 @@ def _out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
 
 
-def _error_line(err: BaseException) -> str:
-    """What :func:`main` prints after ``error:``."""
+def _error_line(err: BaseException, args=None) -> str:
+    """What :func:`main` prints after ``error:``: a file that could not be written names
+    the option that chose it."""
+    from .files import WriteError
+    if isinstance(err, WriteError):
+        return err.describe(None if args is None else _output_option(args, err.path))
     if _out_of_memory(err) and not isinstance(err, (ValueError, OSError)):
         asked = re.search(r"allocate ([0-9.]+ ?[KMGTP]?i?B|[0-9]+ bytes)", str(err))
         return (f"out of memory{f' (an allocation of {asked.group(1)})' if asked else ''}: "
@@ -1060,27 +1069,114 @@ def _error_line(err: BaseException) -> str:
     return str(err)
 
 
+# The exit status after Ctrl-C, as shells report a command that SIGINT ended (128 + 2).
+INTERRUPTED = 128 + 2
+
+# The options that name a file the command writes, by their attribute in the parsed args.
+_OUTPUTS = {"json": "--json", "checkpoint": "--checkpoint", "out": "--out",
+            "partition_file": "--partition-file"}
+
+
+def _output_option(args, path) -> Optional[str]:
+    """The option (e.g. ``--json``) whose value is ``path``, None if none is."""
+    def resolved(value):
+        return os.path.abspath(os.path.expanduser(os.fspath(value)))
+    for attr, option in _OUTPUTS.items():
+        value = getattr(args, attr, None)
+        if value is not None and resolved(value) == resolved(path):
+            return option
+    return None
+
+
+def _file_state(path) -> Optional[tuple]:
+    """What tells a file's versions apart (device, inode, size, modification time), None
+    when there is no file at ``path``."""
+    try:
+        st = os.stat(Path(path).expanduser())
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _interrupted_line(args) -> str:
+    """What Ctrl-C ends the command with: for ``dignn train --checkpoint``, whether the
+    checkpoint there is this run's, whole, to continue with ``--resume``."""
+    line = f"dignn {args.command}: interrupted"
+    checkpoint = getattr(args, "checkpoint", None)
+    if args.command != "train":
+        return line
+    if checkpoint is None:
+        return f"{line}; nothing was saved (--checkpoint PATH saves a run that --resume " \
+               f"continues)"
+    now = _file_state(checkpoint)
+    if now is not None and (args.resume or now != getattr(args, "checkpoint_state", None)):
+        again = "the same command" if args.resume else "the same command with --resume"
+        return f"{line}; the checkpoint {checkpoint!r} is intact: run {again} to continue"
+    return f"{line} before the first checkpoint was saved to {checkpoint!r}; nothing to " \
+           f"resume from: run the command again"
+
+
+def _close_progress_bars() -> None:
+    """Ends the progress bars still drawn, so that the next line starts a line of its own
+    (a bar cut short while it was being made, which tqdm cannot close, gets its newline
+    here and draws nothing more, not even when collected)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        cut_short = hasattr(bar, "sp") and not hasattr(bar, "last_print_t")
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar in a state tqdm did not foresee
+            cut_short = True
+        bar.disable = True
+        if cut_short:
+            try:
+                bar.fp.write("\n")
+            except (AttributeError, OSError, ValueError):
+                pass
+
+
+def _say_interrupted(args) -> int:
+    """Prints the one line that ends an interrupted command; returns its exit status."""
+    _close_progress_bars()
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    print(_interrupted_line(args), file=sys.stderr, flush=True)
+    return INTERRUPTED
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs a ``dignn`` command; returns its exit status (0, or 2 after a bad input, said on
-    stderr as ``dignn <command>: error: <what is wrong and what to do>``)."""
+    """Runs a ``dignn`` command; returns its exit status: 0; 2 after a bad input or a file
+    that could not be written, said on stderr as ``dignn <command>: error: <what is wrong
+    and what to do>``; 130 after Ctrl-C (SIGINT), said in one line (with, for a
+    checkpointed run, whether it can be resumed)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, for --json
-    with warnings.catch_warnings():
-        _show_warnings()
-        try:
-            if args.command == "train":
-                return _train(args)
-            if args.command == "sweep":
-                return _sweep(args)
-            return _plot(args)
-        except Exception as err:  # noqa: BLE001 - only input errors are caught, see below
-            if not _input_error(err):
-                raise
-            sys.stdout.flush()
-            print(f"dignn {args.command}: error: {_error_line(err)}", file=sys.stderr,
-                  flush=True)
-            return 2
+    if getattr(args, "checkpoint", None) is not None:  # after Ctrl-C: did this run save it?
+        args.checkpoint_state = _file_state(args.checkpoint)
+    try:
+        with warnings.catch_warnings():
+            _show_warnings()
+            try:
+                if args.command == "train":
+                    return _train(args)
+                if args.command == "sweep":
+                    return _sweep(args)
+                return _plot(args)
+            except Exception as err:  # noqa: BLE001 - only input errors are caught, see below
+                if not _input_error(err):
+                    raise
+                sys.stdout.flush()
+                print(f"dignn {args.command}: error: {_error_line(err, args)}",
+                      file=sys.stderr, flush=True)
+                return 2
+    except KeyboardInterrupt:
+        return _say_interrupted(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

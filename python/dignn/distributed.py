@@ -200,10 +200,16 @@ def load_partition(dataset: NodeDataset, parts: int, method: str = "contiguous",
     edge_index, num_nodes = dataset.edge_index.cpu(), dataset.num_nodes
     if path is not None:
         path = Path(path)
+        failure = [None]
         if rank == 0 and not path.exists():
-            part = partition(edge_index, num_nodes, parts, method)
-            write_atomically(path, part.save)
-        dist.barrier(group)
+            try:
+                part = partition(edge_index, num_nodes, parts, method)
+                write_atomically(path, part.save)
+            except (OSError, ValueError, ImportError) as err:  # the others must not wait
+                failure = [err]
+        dist.broadcast_object_list(failure, 0, group)  # (also the barrier before reading)
+        if failure[0] is not None:
+            raise failure[0]
         part = GraphPartition.load(path)
         if part.num_nodes != num_nodes or part.parts != parts:
             raise ValueError(f"the partition in {path} has {part.parts} parts of "
