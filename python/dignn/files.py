@@ -137,7 +137,8 @@ class WriteError(OSError):
         >>> from dignn.files import WriteError
         >>> err = WriteError("out/run.json", OSError(errno.ENOSPC, "No space left on device"))
         >>> print(err.describe("--json"))
-        --json 'out/run.json' could not be written: No space left on device; free space there or give a path on another disk with --json (nothing was written)
+        --json 'out/run.json' could not be written: No space left on device; free space there
+        or give a path on another disk with --json (nothing was written)
     """
 
     _FIXES = {errno.ENOSPC: "free space there or give a path on another disk",
@@ -294,7 +295,8 @@ def check_writable(path: PathLike, what: str, example: str = "run.json") -> Path
         >>> check_writable("r" * 300 + ".json", "--json")
         Traceback (most recent call last):
         ...
-        ValueError: --json 'rrr...json' cannot be written: its name is 305 bytes, more than the ... the file system there takes; give a shorter name with --json
+        ValueError: --json 'rrr...json' cannot be written: its name is 305 bytes, more than
+        the ... the file system there takes; give a shorter name with --json
     """
     text = os.fspath(path)
     if isinstance(text, bytes):
