@@ -709,6 +709,39 @@ def _fingerprints(tensors: List[Tensor]) -> List[Tuple[int, int]]:
     return out
 
 
+def content_key(*tensors: Tensor) -> tuple:
+    """A hashable key of the contents of dense or sparse tensors: each one's layout, dtype,
+    shape and device, and the fingerprint :func:`cached_graph` takes of every tensor that
+    holds its entries (one host sync per call on a GPU). Two calls give equal keys when the
+    tensors hold the same values, whatever wrote them; a change of any single entry always
+    changes the key. For caches of what is computed from a graph and its features.
+
+    Args:
+        *tensors: dense (strided) or sparse (COO, CSR, CSC, BSR, BSC) tensors.
+
+    Returns:
+        tuple: the key.
+
+    Raises:
+        TypeError: a tensor of another layout, or not a tensor.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.graph import content_key
+        >>> x = torch.eye(3)
+        >>> content_key(x) == content_key(x.clone()), content_key(x) == content_key(2 * x)
+        (True, False)
+    """
+    key, parts = [], []
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"content_key takes tensors, got {type(t).__name__}")
+        mine = [t] if t.layout == torch.strided else [p for _, p in _sparse_parts(t)]
+        key.append((str(t.layout), t.dtype, tuple(t.shape), t.device, len(mine)))
+        parts += mine
+    return tuple(key) + tuple(_fingerprints(parts))
+
+
 def _graph_parts(edge, edge_weight) -> Optional[List[Tuple[str, Tensor]]]:
     """The named tensors the graph is built from, or None when ``edge`` or ``edge_weight`` is
     not a graph the build takes (the build then names what is wrong)."""

@@ -69,6 +69,37 @@ def test_adj_input_is_a_times_x(small):
     assert model._graph_features(small.x, other) is not ax
 
 
+def _write_data(t):
+    t.data.view(-1)[0] += 1
+
+
+def _write_numpy(t):
+    t.numpy().reshape(-1)[0] += 1
+
+
+def _write_set(t):
+    alias = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(),
+                                                t.shape, t.stride())
+    alias.view(-1)[0] += 1
+
+
+@pytest.mark.parametrize("write", [_write_data, _write_numpy, _write_set])
+@pytest.mark.parametrize("what", ["x", "edge_index"])
+@pytest.mark.parametrize("unit", ["adj", "linkx"])
+def test_graph_features_are_never_stale(small, unit, what, write):
+    """A X / A is cached by the contents of x and edge_index: a write that no version counter
+    sees still gives the logits of a fresh model on the new data."""
+    x, ei = small.x.clone(), small.edge_index.clone()
+    model = _node_model(small, unit, "rw").eval()
+    with torch.no_grad():
+        model(x, ei)
+        write(x if what == "x" else ei)
+        got = model(x, ei)
+        fresh = _node_model(small, unit, "rw").eval()
+        want = fresh(x, ei)
+    assert torch.equal(got, want)
+
+
 def test_adjacency_matrix_counts_duplicates_once():
     ei = torch.tensor([[0, 0, 1, 2], [1, 1, 0, 1]])
     a = adjacency_matrix(ei, 3).to_dense()

@@ -26,7 +26,6 @@ takes the owned rows of the mask the single-process model would draw for the who
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -36,6 +35,7 @@ from torch import Tensor, nn
 
 from dignn_kernels import FusedImplicitDiffusion
 from dignn_kernels.checks import check_flow
+from dignn_kernels.graph import content_key
 
 _STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -137,13 +137,6 @@ def _dropout_any(x: Tensor, p: float, training: bool,
         return dropped
     return torch.sparse_coo_tensor(x.indices(), dropped, x.shape, is_coalesced=True,
                                    check_invariants=False)
-
-
-def _version(t: Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # sparse tensors have no version counter
-        return 0
 
 
 def _check_counts(minimum: int, **counts) -> None:
@@ -303,16 +296,18 @@ class DIGNNNodeClassifier(nn.Module):
             flow=flow)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
-        self._graph_refs = None
+        self._graph_key = None
         self._graph_cache = None
 
     # -------------------------------------------------------------------- graph cache --
     def _graph_features(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        """A X (``adj``) or A (``linkx``), computed once per (x, edge_index) pair."""
-        refs = self._graph_refs
-        versions = (_version(x), _version(edge_index))
-        if refs is None or refs[0]() is not x or refs[1]() is not edge_index or \
-                refs[2] != versions:
+        """A X (``adj``) or A (``linkx``), computed again only when the contents of x (for
+        ``adj``) or edge_index change: keyed by their fingerprints, like the layer's graph
+        cache (:func:`dignn_kernels.cached_graph`), so no write that bypasses a tensor's
+        version counter (``.data``, numpy, ``set_()``) leaves it stale."""
+        key = content_key(*((x, edge_index) if self.input_unit == "adj" else (edge_index,)))
+        key += (x.size(0), x.device, self.lin_in.weight.dtype)
+        if self._graph_key != key:
             dtype = self.lin_in.weight.dtype
             adj = adjacency_matrix(edge_index, x.size(0), self.adj_norm, dtype,
                                    self.flow).to(x.device)
@@ -321,7 +316,7 @@ class DIGNNNodeClassifier(nn.Module):
                 feats = torch.sparse.mm(adj, dense_x.to(dtype))
             else:
                 feats = adj
-            self._graph_refs = (weakref.ref(x), weakref.ref(edge_index), versions)
+            self._graph_key = key
             self._graph_cache = feats
         return self._graph_cache
 
