@@ -66,7 +66,9 @@ class FusedImplicitDiffusion(nn.Module):
             :class:`DivergenceWarning`). None (default): on the CPU, where a read costs
             nothing, yes; on a GPU no, so that a training step never waits for the device
             (the solve's stats, ``layer.residual`` etc., still show a diverged or non-finite
-            solve when read). True checks on every device.
+            solve when read). True checks on every device. A graph passed as ``edge_index`` is
+            fingerprinted on every forward all the same (one host read on a GPU, see below):
+            pass a prebuilt :class:`~dignn_kernels.CSRGraph` for a step that never syncs.
         storage_dtype: None (default: everything in the compute dtype), ``torch.bfloat16``
             or ``torch.float16``: the iterates of the solve and of the adjoint solve are
             stored in 16 bits (half the bytes every sweep gathers), while every sum
@@ -94,11 +96,16 @@ class FusedImplicitDiffusion(nn.Module):
 
     ``forward(x, edge_index, edge_weight=None)`` takes ``edge_index`` as in PyG (by default
     messages flow from ``edge_index[0]`` to ``edge_index[1]``; see ``flow``), a torch sparse
-    tensor or a torch_sparse
+    tensor of any layout (COO, CSR, CSC, BSR, BSC) or a torch_sparse
     ``SparseTensor`` (read as PyG's ``adj_t``), or a
     :class:`~dignn_kernels.distributed.DistributedGraph` (one rank's piece of a partitioned
     graph: x holds its owned rows and the output is the owned rows of Z). The preprocessed
-    graph is cached while the same tensors are passed again. Rows whose chi is 0 (isolated
+    graph is cached by its contents (:func:`~dignn_kernels.cached_graph`): never stale,
+    whatever wrote the tensors; the check reads the graph once per forward (one host sync on a
+    GPU), and a prebuilt :class:`~dignn_kernels.CSRGraph` skips it. Under ``torch.autocast``
+    the layer computes in float32 (float64 for a float64 layer) and returns x's dtype;
+    tensors made under ``torch.inference_mode()`` are taken inside and after it. TorchScript
+    (``torch.jit.script``/``trace``) is refused: use ``torch.compile``. Rows whose chi is 0 (isolated
     nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and
     ``residual`` describe its solve and ``solver_used`` names the solver that ran; after a
     backward, ``backward_iterations`` and
@@ -430,12 +437,14 @@ class FusedImplicitDiffusion(nn.Module):
             edge_index: int64 (or int32) Tensor [2, num_edges], messages from
                 ``edge_index[0]`` to ``edge_index[1]`` (row i aggregates over the edges
                 (j, i), as PyG's ``source_to_target``; the other way round with
-                ``flow="target_to_source"``); or a torch sparse tensor / torch_sparse
-                ``SparseTensor`` [num_nodes, num_nodes] read as PyG's ``adj_t``; or a
+                ``flow="target_to_source"``); or a torch sparse tensor (COO, CSR, CSC, BSR,
+                BSC) or torch_sparse ``SparseTensor`` [num_nodes, num_nodes] read as PyG's
+                ``adj_t``; or a
                 prebuilt :class:`~dignn_kernels.CSRGraph` (what ``torch.compile`` wants); or a
                 :class:`~dignn_kernels.distributed.DistributedGraph` (x and Z: the owned rows).
             edge_weight: optional float Tensor [num_edges] of edge values a_ij >= 0 (default
-                1); not with a sparse tensor or a :class:`~dignn_kernels.CSRGraph`.
+                1; 16-bit weights are summed in float32); not with a sparse tensor or a
+                :class:`~dignn_kernels.CSRGraph`.
 
         Returns:
             Tensor: Z of x's shape and dtype, on x's device, in x's node order.
