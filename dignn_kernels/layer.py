@@ -105,8 +105,8 @@ class FusedImplicitDiffusion(nn.Module):
     GPU), and a prebuilt :class:`~dignn_kernels.CSRGraph` skips it. Under ``torch.autocast``
     the layer computes in float32 (float64 for a float64 layer) and returns x's dtype;
     tensors made under ``torch.inference_mode()`` are taken inside and after it. TorchScript
-    (``torch.jit.script``/``trace``) is refused: use ``torch.compile``. Rows whose chi is 0 (isolated
-    nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and
+    (``torch.jit.script``/``trace``) is refused: use ``torch.compile``. Rows whose chi is 0
+    (isolated nodes, all-zero features) keep z_i = x_i. After a forward, ``iterations`` and
     ``residual`` describe its solve and ``solver_used`` names the solver that ran; after a
     backward, ``backward_iterations`` and
     ``backward_residual`` the adjoint solve. A diverging fixed point (mu below
