@@ -93,7 +93,7 @@ class PeakMemory:
 
 # A benchmark module's summary, registered with :func:`summary` under the environment variable
 # that names its file, until it has been stated: a run interrupted before its summary test
-# (SIGINT: bench/gpu_session.sh stops a phase that way when its time is up) still states what
+# (SIGINT: bench/gpu/gpu_session.sh stops a phase that way when its time is up) still states what
 # it measured, in pytest_sessionfinish below.
 PENDING_SUMMARIES = {}
 

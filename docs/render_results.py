@@ -372,7 +372,7 @@ def papers100m_model():
                    + [f"{link}: compute + exchange" for link in links] + ["memory per GPU"],
                    rows, ["---:", "---", "---:", "---:"] + ["---:"] * len(links) + ["---:"])
     line = _prov_line(rel, "none: " + d.get("what", "a model"), NOT_RECORDED,
-                      NOT_RECORDED, "python bench/distributed_model.py")
+                      NOT_RECORDED, "python bench/distributed/distributed_model.py")
     return table + "\n\n" + _provenance_block([line])
 
 
@@ -383,7 +383,7 @@ PEER_LABELS = {"authors": "the authors' layer", "pyg-plain": "plain PyG composit
 
 
 def _peer_records():
-    """Every record of bench/peers.py under bench/results/ (the CPU's and each GPU
+    """Every record of bench/peers/peers.py under bench/results/ (the CPU's and each GPU
     session's), by path relative to it."""
     paths = sorted(RESULTS.glob("peers_*.json")) + sorted(RESULTS.glob("gpu_*/*peers*.json"))
     return [(str(path.relative_to(RESULTS)), _load(path.relative_to(RESULTS))) for path in paths]
@@ -404,7 +404,7 @@ def _error(value):
 
 
 def _peer_rows(d, graph):
-    """The table rows of one graph of a bench/peers.py record: time and memory against the
+    """The table rows of one graph of a bench/peers/peers.py record: time and memory against the
     fastest and the leanest of this layer's backends in the same run."""
     results = [r for r in d["results"] if r["graph"] == graph]
     ours = [r for r in results if r["peer"].startswith("dignn-") and r.get("status") == "ok"]
@@ -429,7 +429,7 @@ def _peer_rows(d, graph):
 
 def peers():
     """This layer against the authors' layer, torchdeq and the plain PyG composition: a table
-    per bench/peers.py record (its peers measured in one process and one run), with its
+    per bench/peers/peers.py record (its peers measured in one process and one run), with its
     graphs, oracle, gather floor and goals."""
     parts, prov = [], []
     for rel, d in _peer_records():
@@ -463,7 +463,7 @@ def peers():
 
 
 def _fidelity_records():
-    """Every record of bench/fidelity_node.py and bench/fidelity_graph.py under
+    """Every record of bench/peers/fidelity_node.py and bench/peers/fidelity_graph.py under
     bench/results/ but the variant diagnoses, by path relative to it."""
     paths = [p for p in sorted(RESULTS.glob("fidelity_*.json"))
              if not p.stem.endswith("_variants")]  # diagnoses, described in the prose
@@ -533,7 +533,7 @@ def fidelity():
                          f"`{rel}`"])
         prov.append(_fidelity_provenance(rel, d) + f"; authors' side: {variant}")
     if not rows:
-        return "No fidelity record is committed yet (`bench/fidelity_node.py`)."
+        return "No fidelity record is committed yet (`bench/peers/fidelity_node.py`)."
     table = _table(["dataset", "splits", "readout", "dignn preset", "authors' code", "dignn",
                     "paired diff +- SE",
                     "paper", "median best epoch (authors / dignn)",

@@ -1,4 +1,4 @@
-"""bench/fidelity_graph.py, the graph classification fidelity harness, without the authors'
+"""bench/peers/fidelity_graph.py, the graph classification fidelity harness, without the authors'
 checkout or sklearn: the two readouts and the per-fold records on synthetic histories, the
 paired statistics of a record, the CLI's argument errors, the mapping of the authors' shuffled
 folds onto dignn's graphs, the separate random streams, and the architecture variants built
@@ -14,11 +14,11 @@ import torch
 from conftest import load_module
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "peers"))
 
 
-fg = load_module("dignn_bench_fidelity_graph", REPO / "bench" / "fidelity_graph.py")
-common = load_module("dignn_bench_fidelity_common", REPO / "bench" / "fidelity_common.py")
+fg = load_module("dignn_bench_fidelity_graph", REPO / "bench" / "peers" / "fidelity_graph.py")
+common = load_module("dignn_bench_fidelity_common", REPO / "bench" / "peers" / "fidelity_common.py")
 
 # three folds, four epochs: fold 0 peaks at epoch 2 (and again at 4: the first counts)
 HIST = [[0.5, 0.9, 0.6, 0.9], [0.4, 0.5, 0.8, 0.7], [0.6, 0.6, 0.6, 0.6]]

@@ -1,4 +1,4 @@
-"""bench/fidelity_node.py and bench/fidelity_common.py, the side-by-side training of the
+"""bench/peers/fidelity_node.py and bench/peers/fidelity_common.py, the side-by-side training of the
 authors' node classification code and dignn: their printed log read back (best epochs,
 accuracies, times), their data layout staged from the shared files (Chameleon's feature file
 written from the npz release, value for value), their modules imported from a checkout and
@@ -17,7 +17,7 @@ import torch
 from conftest import DATA_ROOT, load_module
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "peers"))
 
 import fidelity_common as fc  # noqa: E402
 import fidelity_node as fn  # noqa: E402
@@ -161,7 +161,7 @@ def test_the_docs_render_a_record(tmp_path, monkeypatch):
     splits = [{"split": k, "ours_acc": 80.0 + k, "theirs_acc": 79.0 + 2 * k,
                "ours_best_epoch": 10 + k, "theirs_best_epoch": 100,
                "ours_ms_per_epoch": 50.0, "theirs_ms_per_epoch": 400.0} for k in range(3)]
-    record = {"schema": fn.SCHEMA, "command": ["python", "bench/fidelity_node.py"],
+    record = {"schema": fn.SCHEMA, "command": ["python", "bench/peers/fidelity_node.py"],
               "commit": "abcdef0123", "date": "2026-11-28T01:00:00Z", "variant": "swapped",
               "machine": {"cpu": "Test CPU", "threads": 1, "device": "cpu"},
               "datasets": {"cora": {"paper": 86.68, "protocol": "best validation epoch",

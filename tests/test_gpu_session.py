@@ -1,4 +1,4 @@
-"""bench/gpu_session.sh and the benchmarks' summaries under a time budget, on the CPU.
+"""bench/gpu/gpu_session.sh and the benchmarks' summaries under a time budget, on the CPU.
 
 A GPU is lent to few sessions, for 15 minutes of device time and 10 minutes a command, so the
 GPU session is one call that must bring back what it measured however it ends: phases in a
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SESSION = REPO / "bench" / "gpu_session.sh"
+SESSION = REPO / "bench" / "gpu" / "gpu_session.sh"
 
 
 def _child_env(**extra):
@@ -158,7 +158,7 @@ def test_a_whole_benchmark_run_states_and_checks_its_goals(tmp_path):
 
 PEER_LINES = r'''
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1] + '/layer', sys.argv[1]]
 import test_gpu_speed as speed
 record = {"schema": "dignn-peers/1", "results": [
     {"graph": "cornell5", "peer": "dignn-cuda", "status": "ok", "time": {"median_ms": 2.0}},
@@ -186,7 +186,7 @@ print(json.dumps({"lines": lines, "checks": speed._peer_lines(lines)}))
 
 
 def test_the_gpu_summary_takes_peer_ratios_from_one_peers_run(tmp_path):
-    """bench/test_gpu_speed.py states its goals against the authors' layer and torchdeq from
+    """bench/layer/test_gpu_speed.py states its goals against the authors' layer and torchdeq from
     the peers phase's record of the same session (ratios within that one run, the faster
     torchdeq solver), says which peer was absent and why, and states no ratio without it."""
     proc = subprocess.run([sys.executable, "-c", PEER_LINES, str(REPO / "bench"),

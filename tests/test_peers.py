@@ -1,4 +1,4 @@
-"""bench/peers.py, the peer harness: on a tiny directed graph every peer available here agrees
+"""bench/peers/peers.py, the peer harness: on a tiny directed graph every peer available here agrees
 with the dense float64 solve, the authors' peer loads from a checkout through this project's
 stand-ins for torch_scatter/torch_sparse, the JSON has its schema and is written atomically,
 the budget and an absent torchdeq are recorded, and the CPU memory method measures what it
@@ -18,11 +18,11 @@ from conftest import load_module
 REPO = Path(__file__).resolve().parents[1]
 
 
-peers = load_module("dignn_bench_peers", REPO / "bench" / "peers.py")
+peers = load_module("dignn_bench_peers", REPO / "bench" / "peers" / "peers.py")
 scatter_stand_in = load_module("dignn_stand_in_torch_scatter",
-                         REPO / "bench" / "stand_ins" / "torch_scatter" / "__init__.py")
+                         REPO / "bench" / "peers" / "stand_ins" / "torch_scatter" / "__init__.py")
 sparse_stand_in = load_module("dignn_stand_in_torch_sparse",
-                        REPO / "bench" / "stand_ins" / "torch_sparse" / "__init__.py")
+                        REPO / "bench" / "peers" / "stand_ins" / "torch_sparse" / "__init__.py")
 
 TINY = "random-50-300"  # directed, with repeated edges and self-loops
 # torchdeq is the `bench` extra, not a test dependency: where it is absent its peers must be
@@ -226,7 +226,7 @@ def test_json_schema_and_summary(tmp_path, fake_authors):
     for key in ("schema", "command", "commit", "date", "machine", "versions", "authors",
                 "settings", "graphs", "results", "summary"):
         assert key in on_disk, key
-    assert on_disk["schema"] == "dignn-peers/1"
+    assert on_disk["schema"] == "dignn-peers/2"
     assert set(on_disk["machine"]) == {"cpu", "threads", "device"}
     assert set(on_disk["versions"]) >= {"torch", "torch_geometric", "torchdeq", "numpy"}
     assert set(on_disk["authors"]) >= {"path", "commit", "stand_ins", "cuda_synchronize"}
@@ -242,6 +242,15 @@ def test_json_schema_and_summary(tmp_path, fake_authors):
         assert set(r["time"]) >= {"median_ms", "rounds_ms", "applications_forward",
                                   "applications_adjoint"}
         assert r["memory"]["peak_bytes"] > 0 and "profiler" in r["memory"]["method"]
+        assert r["memory"]["peak_bytes"] == (r["memory"]["step_peak_bytes"] +
+                                             r["memory"]["cached_bytes"])
+        runs = r["tolerance"]["runs"]
+        assert runs and all(run["status"] == "ok" or run["status"].startswith("not run")
+                            for run in runs), runs
+    assert graph["product"]["used"] == graph["product"]["fastest"]
+    assert set(graph["product"]["candidates"]) == set(peers.PRODUCT_CANDIDATES)
+    assert any(line.startswith(f"{TINY}: to relative residual 1e-06") for line in
+               on_disk["summary"])
     assert any(line.startswith(f"{TINY}: this layer's fastest backend dignn-cpu")
                for line in on_disk["summary"])
     assert not list(tmp_path.glob("*.tmp"))
@@ -349,3 +358,116 @@ def test_the_authors_code_agrees(tiny_graph):
     k = peers.AUTHORS_TIMED_MAX_ITER
     assert (r["time"]["applications_forward"], r["time"]["applications_adjoint"]) == (k + 3,
                                                                                        k + 1)
+
+
+def _undirected(edge_index):
+    return torch.cat([edge_index, edge_index.flip(0)], dim=1)
+
+
+def test_every_peer_to_the_tolerance(tiny_graph, fake_authors):
+    """The tolerance pass: every peer (this layer with each solver) reaches relative residual
+    1e-6 of the equation and of its adjoint, as measured alike for all, with its iterations
+    and forward and backward times; cg runs on the undirected graph and is recorded as not
+    run on the directed one."""
+    edge_index, n = tiny_graph
+    names = peers.peer_names("cpu")
+    for graph, directed in ((edge_index, True), (_undirected(edge_index), False)):
+        out = peers.measure("tiny", graph, n, names, passes=("tolerance",), rounds=1,
+                            authors_path=fake_authors, log=lambda s: None)
+        assert out["graph"]["tolerance"]["target"] == peers.TOLERANCE
+        for r in out["results"]:
+            if _absent_torchdeq(r):
+                continue
+            assert r["status"] == "ok", r
+            if r["peer"] == "dignn-torch":
+                assert r["tolerance"]["status"].startswith("not run")
+                continue
+            runs = {run["solver"]: run for run in r["tolerance"]["runs"]}
+            if r["peer"] == "dignn-cpu":
+                assert set(runs) == set(peers.TOLERANCE_SOLVERS)
+                if directed:
+                    assert runs.pop("cg")["status"].startswith("not run: a directed graph")
+            for solver, run in runs.items():
+                assert run["status"] == "ok", (r["peer"], solver, run)
+                assert run["reached"], (r["peer"], solver, run)
+                assert run["residual_forward"] <= peers.TOLERANCE
+                assert run["residual_adjoint"] <= peers.TOLERANCE
+                assert run["iterations_forward"] >= 2 and run["iterations_adjoint"] >= 2
+                assert run["forward_ms"] > 0 and run["backward_ms"] > 0
+                assert len(run["rounds_forward_ms"]) == 1
+
+
+def test_the_adjoint_each_peer_hands_back_is_the_dense_solve(tiny_graph, fake_authors):
+    """What the tolerance pass measures the adjoint residual of: the gradient that reaches
+    the equation's right-hand side, u = (I + Delta^T/mu)^-1 G, for every peer."""
+    from dignn_kernels import reference
+    edge_index, n = tiny_graph
+    gen = torch.Generator().manual_seed(peers.SEED)
+    x = torch.randn(n, peers.CHANNELS, generator=gen)
+    g = torch.randn(n, peers.CHANNELS, generator=gen)
+    torch.manual_seed(peers.SEED)
+    from dignn_kernels import FusedImplicitDiffusion
+    base = FusedImplicitDiffusion(peers.CHANNELS, mu=peers.MU, eps=peers.EPS)
+    thetas = [base.theta_chi.weight, base.theta_phi.weight, base.theta_varphi.weight]
+    _, delta = reference.dense_equilibrium(
+        x.double(), edge_index.flip(0), mu=peers.MU, eps=peers.EPS,
+        **{k: t.detach().double() for k, t in zip(
+            ("theta_chi", "theta_phi", "theta_varphi"), thetas)})
+    u = torch.linalg.solve(torch.eye(n, dtype=torch.float64) + delta.T.detach() / peers.MU,
+                           g.double())
+    ops = peers.delta64(x, edge_index.flip(0), thetas)
+    assert peers.relative_residuals(ops, x, x, g, u)[1] < 1e-12
+    ctx = {"device": "cpu", "edge_index": edge_index, "edge_index_pyg": edge_index.flip(0),
+           "num_nodes": n, "x_norm": float(x.norm()), "g_norm": float(g.norm())}
+    names = [p for p in peers.peer_names("cpu") if p != "dignn-torch"]
+    if not HAVE_TORCHDEQ:
+        names = [p for p in names if not p.startswith("torchdeq-")]
+    for name in names:
+        peer = peers.make_peer(name, base, ctx, "tolerance", fake_authors)
+        if isinstance(peer, peers.PygPlainPeer):
+            peer.calibrate(x)
+        with peer.grabbing() as grab:
+            peers._train_step(peer, x.clone().requires_grad_(), g)
+        assert grab.grad is not None, name
+        assert peers._rel(grab.grad, u) < 1e-5, (name, peers._rel(grab.grad, u))
+
+
+def test_products_agree_and_the_product_pass_records_them(tiny_graph):
+    edge_index, n = tiny_graph
+    for product in peers.PRODUCTS:
+        out = peers.measure("tiny", edge_index, n, ["pyg-plain"], passes=("accuracy",),
+                            product=product, log=lambda s: None)
+        r = out["results"][0]
+        assert r["status"] == "ok" and max(_errors(r).values()) < 1e-5, (product, r)
+        assert r["accuracy"]["settings"]["product"].startswith(product + ":")
+        assert out["graph"]["product"]["used"] == product
+    out = peers.measure("tiny", edge_index, n, ["pyg-plain"], passes=("product", "time"),
+                        rounds=1, log=lambda s: None)
+    product = out["graph"]["product"]
+    assert set(product["candidates"]) == set(peers.PRODUCT_CANDIDATES)
+    for c, entry in product["candidates"].items():
+        assert entry["status"] == "ok" and entry["median_ms"] > 0, (c, entry)
+        assert entry["step_peak_bytes"] > 0
+    fastest = min(product["candidates"], key=lambda c: product["candidates"][c]["median_ms"])
+    assert product["fastest"] == product["used"] == fastest
+    assert out["results"][0]["time"]["settings"]["product"].startswith(fastest + ":")
+    assert "torch_sparse" in product
+
+
+def test_memory_counts_every_cached_structure(tiny_graph):
+    from dignn_kernels import build_graph
+    edge_index, n = tiny_graph
+    out = peers.measure("tiny", edge_index, n, ["dignn-cpu", "pyg-plain"], passes=("memory",),
+                        log=lambda s: None)
+    ours, pyg = (r["memory"] for r in out["results"])
+    built = build_graph(edge_index, n, flow="target_to_source")
+    csr = sum(t.untyped_storage().nbytes() for t in (built.rowptr, built.col, built.value,
+                                                      built.degree))
+    assert ours["cached_bytes"] >= csr
+    assert any(k.startswith("graph cache") and v > 0 for k, v in ours["cached"].items())
+    assert pyg["cached_bytes"] >= edge_index.size(1) * 8  # the coalesced edges at least
+    for mem in (ours, pyg):
+        assert mem["peak_bytes"] == mem["step_peak_bytes"] + mem["cached_bytes"]
+    t = torch.ones(1000)
+    assert peers.tensor_bytes({"a": [t, t.view(10, 100)], "b": {"again": t[5:]}}) == {
+        "a": 4000, "b": 0}  # a storage counts once, in the first group that holds it

@@ -2,7 +2,7 @@
 dataset and graph kind, and short trainings with the preset on generated graphs the presets
 were not tuned on (undirected and directed, homophilous and heterophilous, two sizes), with
 the warnings of a diverging solve or of mu below lambda_max raised as errors.
-``bench/preset_divergence.py`` runs the same on every dataset available offline."""
+``bench/accuracy/preset_divergence.py`` runs the same on every dataset available offline."""
 import functools
 import warnings
 
