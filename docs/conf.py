@@ -5,6 +5,7 @@ doctest). The measured tables are rendered from ``bench/results/`` at build time
 ``docs/render_results.py`` into ``docs/_generated/`` (ignored by git).
 """
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def _write_api(out: Path) -> None:
             role = "mod" if isinstance(obj, types.ModuleType) else "obj"
             target = obj.__name__ if role == "mod" else name
             summary = _summary(obj) or f"``{obj!r}``"
+            if role == "obj" and getattr(obj, "__module__", None) in _MODULE_PAGES:
+                summary = _link_pointer(summary, obj.__module__)
             lines += [f"   * - :py:{role}:`{name} <{target}>`", f"     - {summary}"]
         lines.append("")
         for name in names:
@@ -103,7 +106,200 @@ def _write_api(out: Path) -> None:
             path.write_text(text)
 
 
+# The modules the reference points to. A docstring that says "module docstring" points to
+# its own module's docstring, and ``:mod:`` roles name modules; the API pages above render the
+# docstrings of API_MODULES and of the modules in their ``__all__``, so every other module
+# that a rendered docstring points to (and, in turn, those that its docstring points to) gets
+# a section with its docstring on the generated "Modules" page (api/modules.rst), and
+# "module docstring" reads "docstring of <a link to the module>" (``_link_module_pointers``).
+_POINTER = "module docstring"
+_MOD_ROLE = re.compile(r":mod:`(?:[^`<]*<)?~?(\.*[\w.]+)>?`")
+
+
+def _module_named(target: str, context: str):
+    """The importable module of this project that ``:mod:`target``` in a docstring of module
+    ``context`` names (as Sphinx looks it up: relative to ``context`` with a leading dot,
+    else as written, inside ``context`` or beside it), or None."""
+    import importlib
+
+    if target.startswith("."):
+        base, target = context, target[1:]
+        while target.startswith("."):
+            base, target = base.rpartition(".")[0], target[1:]
+        candidates = [f"{base}.{target}"]
+    else:
+        candidates = [target, f"{context}.{target}", f"{context.rpartition('.')[0]}.{target}"]
+    for name in candidates:
+        if name.split(".")[0] not in ("dignn", "dignn_kernels") or \
+                any(part.startswith("_") for part in name.split(".")):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # not a module (a class, a function), or not importable here
+            continue
+        return name
+    return None
+
+
+def _docstrings(obj):
+    """(module name, docstring) of ``obj`` and, for a class, of its public methods and
+    properties: what autodoc renders of it."""
+    import inspect
+
+    module = getattr(obj, "__module__", None)
+    items = [obj]
+    if inspect.isclass(obj):
+        for name, member in vars(obj).items():
+            if not name.startswith("_") or name == "__init__":
+                items.append(member.fget if isinstance(member, property) else
+                             getattr(member, "__func__", member))
+    for item in items:
+        doc = inspect.getdoc(item) if (callable(item) or item is obj) else None
+        if doc:
+            yield getattr(item, "__module__", None) or module, doc
+
+
+def _pointed_modules():
+    """(The modules whose docstrings the API pages render, the modules that the rendered
+    docstrings point to and no API page renders, sorted)."""
+    import importlib
+    import types
+
+    rendered, texts = set(API_MODULES), []
+    for modname in API_MODULES:
+        module = importlib.import_module(modname)
+        texts.append((modname, module.__doc__ or ""))
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, types.ModuleType):
+                rendered.add(obj.__name__)
+                texts.append((obj.__name__, obj.__doc__ or ""))
+            elif callable(obj):
+                texts += [(context or modname, doc) for context, doc in _docstrings(obj)]
+    pointed, todo = set(), texts
+    while todo:
+        found = set()
+        for context, doc in todo:
+            if _POINTER in doc and context:
+                found.add(context)
+            found.update(filter(None, (_module_named(target, context)
+                                       for target in _MOD_ROLE.findall(doc))))
+        found -= rendered | pointed
+        pointed |= found
+        todo = [(name, importlib.import_module(name).__doc__ or "") for name in found]
+    return rendered, sorted(pointed)
+
+
+_RENDERED_MODULES, MODULE_NOTES = _pointed_modules()
+
+
+def _write_module_notes(out: Path) -> None:
+    """The "Modules" page's body: per package, one section per module of MODULE_NOTES with
+    its docstring (``automodule``, no members: those the API pages list)."""
+    lines = []
+    for package in ("dignn_kernels", "dignn"):
+        names = [m for m in MODULE_NOTES if m.split(".")[0] == package]
+        if not names:
+            continue
+        lines += [f"``{package}``", "-" * (len(package) + 4), ""]
+        for name in names:
+            lines += [f"``{name}``", "~" * (len(name) + 4), "",
+                      f".. automodule:: {name}", "   :no-members:"]
+            parent, _, last = name.rpartition(".")
+            if getattr(sys.modules[parent], last, None) is not sys.modules[name]:
+                # the package's attribute of that name is not the module (the function
+                # dignn_kernels.distributed.partition): one name, one target
+                lines.append("   :no-index:")
+            lines.append("")
+    path = out / "api_modules.rst"
+    text = "\n".join(lines) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+_write_module_notes(HERE / "_generated")
+# Where a module's docstring is on the site: its API page, or the "Modules" page.
+_MODULE_PAGES = _RENDERED_MODULES | set(MODULE_NOTES)
+
+
+def _link_pointer(text: str, module: str) -> str:
+    """``text`` with "(the) module docstring" as "(the) docstring of" a link to ``module``."""
+    return text.replace(_POINTER, f"docstring of :mod:`{module}`")
+
+
 _write_api(HERE / "_generated")
+
+
+def _link_module_pointers(app, what, name, obj, options, lines):
+    """"module docstring" in a rendered docstring becomes a link to that module's docstring
+    (on its API page, or on the "Modules" page)."""
+    module = getattr(obj, "__module__", None)
+    if what == "module" or module not in _MODULE_PAGES:
+        return
+    lines[:] = [_link_pointer(line, module) for line in lines]
+
+
+# Module docstrings write math as plain text (``||x||``, ``|p_i . p_j|``, ``a * b``), which
+# reST reads as substitutions and emphasis. On the "Modules" page, ``|`` and every ``*`` that
+# does not pair into *emphasis* are escaped, outside inline literals, roles, literal blocks
+# (after ``::``) and doctests, so that each docstring shows as written.
+_INLINE_KEPT = re.compile(r"(:[\w:]+:`[^`]*`|``.+?``|`[^`]+`_{0,2})", re.S)
+_EMPHASIS = re.compile(r"(?<![\w*\\])(\*\*?)(?=\S)([^*\n]*?\S)\1(?![\w*])")
+
+
+def _plain_text(text: str) -> str:
+    """``text`` (not inside a literal) with its ``|`` and unpaired ``*`` escaped."""
+    out, end = [], 0
+    for match in _EMPHASIS.finditer(text):
+        out += [text[end:match.start()].replace("*", r"\*"), match.group(0)]
+        end = match.end()
+    out.append(text[end:].replace("*", r"\*"))
+    return "".join(out).replace("|", r"\|")
+
+
+def _escape_plain_math(app, what, name, obj, options, lines):
+    """The docstring of a module of the "Modules" page with its plain-text math escaped."""
+    if what != "module" or name not in MODULE_NOTES:
+        return
+    out, prose = [], []
+    literal_indent = None  # the indent of the paragraph whose "::" opened a literal block
+    in_doctest = False
+
+    def flush():
+        if prose:
+            parts = _INLINE_KEPT.split("\n".join(prose))
+            parts[::2] = [_plain_text(part) for part in parts[::2]]
+            out.extend("".join(parts).split("\n"))
+            prose.clear()
+
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if literal_indent is not None:
+            if not line.strip() or indent > literal_indent:
+                out.append(line)
+                continue
+            literal_indent = None
+        if in_doctest:
+            if line.strip():
+                out.append(line)
+                continue
+            in_doctest = False
+        if line.lstrip().startswith(">>>"):
+            flush()
+            in_doctest = True
+            out.append(line)
+            continue
+        prose.append(line)
+        if line.rstrip().endswith("::"):
+            flush()
+            literal_indent = indent
+    flush()
+    lines[:] = out
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _link_module_pointers)
+    app.connect("autodoc-process-docstring", _escape_plain_math)
 
 # Pages that other parts of the project write; a title-only placeholder keeps the toctree
 # whole where one is missing from a checkout.
