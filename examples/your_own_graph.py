@@ -33,7 +33,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from dignn import from_pyg, preset_config
+from dignn import UserDataError, from_pyg, preset_config
 from dignn.data import csbm
 from dignn.device import choose_threads, resolve_device
 from dignn.training import train_node_split
@@ -53,7 +53,12 @@ def read_graph(nodes_csv, edges_csv, directed=False):
     with open(edges_csv, newline="") as f:
         rows = csv.reader(f)
         next(rows)
-        pairs = [(index[source], index[target]) for source, target in rows]
+        pairs = []
+        for line, (source, target) in enumerate(rows, start=2):
+            unknown = [node for node in (source, target) if node not in index]
+            if unknown:
+                sys.exit(f"{edges_csv}, line {line}: node {unknown[0]!r} is not in {nodes_csv}")
+            pairs.append((index[source], index[target]))
     edge_index = torch.tensor(pairs, dtype=torch.long).t().reshape(2, -1)
     if not directed:
         edge_index = to_undirected(edge_index, num_nodes=len(ids))
@@ -118,8 +123,11 @@ def main(argv=None):
     data, ids = read_graph(args.nodes, args.edges, args.directed)
     # Checks the graph (every problem is a dignn.UserDataError saying what to change) and
     # draws the split of the labeled nodes; unlabeled nodes (-1) are in no split.
-    dataset = from_pyg(data, name=Path(args.nodes).stem, split_ratio=(0.6, 0.2, 0.2),
-                       num_splits=1)
+    try:
+        dataset = from_pyg(data, name=Path(args.nodes).stem, split_ratio=(0.6, 0.2, 0.2),
+                           num_splits=1)
+    except UserDataError as err:
+        sys.exit(f"{args.nodes}, {args.edges}: {err}")
     print(f"{len(ids)} nodes ({int((data.y >= 0).sum())} labeled), "
           f"{data.edge_index.size(1)} directed edges, {dataset.num_features} features, "
           f"{dataset.num_classes} classes; train/val/test {dataset.splits[0].sizes()}")
