@@ -10,8 +10,9 @@ so every rank takes the same optimizer step.
     torchrun --nproc-per-node 4 examples/partitioned_training.py --dataset cora --data-root DATA
     python examples/partitioned_training.py --quick                       # 1 rank
 
-On CPUs the ranks talk through gloo, on GPUs through NCCL (one GPU per rank). ``dignn train
---distributed`` trains the package's models this way (docs: "Partitioned graphs").
+On GPUs the ranks talk through NCCL, one GPU each (with fewer GPUs than ranks, or none, through
+gloo on the CPU). ``dignn train --distributed`` trains the package's models this way (docs:
+"Partitioned graphs").
 """
 import argparse
 import os
@@ -67,8 +68,10 @@ def parse_args(argv=None):
 
 
 def init():
-    """The process group: torchrun's environment, or a world of one process without it."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    """The process group: torchrun's environment, or a world of one process without it. NCCL
+    with one GPU per rank where there are enough GPUs on this machine, else gloo on CPUs."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    backend = "nccl" if torch.cuda.device_count() >= ranks_here > 0 else "gloo"
     if "RANK" in os.environ:  # started by torchrun
         dist.init_process_group(backend)
     else:
