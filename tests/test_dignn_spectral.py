@@ -125,3 +125,29 @@ def test_residuals_match_the_layer():
     assert layer.iterations == 7
     assert curve[-1] == pytest.approx(layer.residual, rel=1e-8)
     assert curve[0] == pytest.approx(float(x.norm()), rel=1e-12)  # Z_1 = X from Z_0 = 0
+
+
+class _NoCompiledOps:
+    """Stands for a device the compiled extension has no kernels for (a GPU with a CPU-only
+    build): every torch.ops.dignn call fails, as the dispatcher's would."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no kernel for dignn::{name} on this device")
+
+
+@pytest.mark.parametrize("laplacian", ["neural", "rw"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_spectral_checks_run_on_the_layers_backend(monkeypatch, laplacian, backend):
+    """lambda_max and the residual curve are computed with the passes of the backend the layer
+    runs on, never with the compiled ops behind its back."""
+    if backend not in dk.available_backends(torch.device("cpu")):
+        pytest.skip(f"{backend} does not run here")
+    x, ei, w = make_graph("weighted", n=30, d=5)
+    layer = make_layer(5, laplacian, scale=1.0, backend=backend)
+    want_op = laplacian_operator(make_layer(5, laplacian, scale=1.0), x, ei, w)
+    want = estimate_lambda_max(want_op).lambda_max
+    monkeypatch.setattr(dk.ops, "_ops", _NoCompiledOps())
+    op = laplacian_operator(layer, x, ei, w)
+    assert op.backend == backend
+    assert estimate_lambda_max(op).lambda_max == pytest.approx(want, rel=1e-9)
+    assert len(fixed_point_residuals(layer, x, ei, 3, w)) == 3

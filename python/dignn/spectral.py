@@ -68,6 +68,10 @@ class LaplacianOperator:
     chi: Tensor
     kappa: Tensor
     symmetric: bool
+    # whose passes apply Delta (a name of dignn_kernels.backends.BACKENDS): the backend the
+    # layer runs on the input's device, so a GPU without the compiled CUDA kernels takes
+    # Triton's here as the layer does
+    backend: Optional[str] = None
 
     @property
     def num_nodes(self) -> int:
@@ -88,6 +92,7 @@ def laplacian_operator(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
     x through chi, p, q: eq. 12-14; the canonical ones only on the graph)."""
     # the layer's own reading of edge_index (flow): Delta of the graph the layer solves on
     graph = cached_graph(edge_index, x.size(0), edge_weight, flow=layer.flow)
+    backend = layer._resolve_backend(x.device, graph.num_edges)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.detach().to(dtype)
     if layer.laplacian == "neural":
@@ -97,18 +102,18 @@ def laplacian_operator(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
         p = c @ layer.theta_phi.weight.detach().to(dtype).t()            # p = c Θφᵀ
         q = x @ layer.theta_varphi.weight.detach().to(dtype).t()         # q = X Θϕᵀ
         w, kappa = ops.neural_edge_weights(graph.rowptr, graph.col, a, p.contiguous(),
-                                           q.contiguous(), layer.eps,
-                                           trusted=True)                 # eq. 13-14
+                                           q.contiguous(), layer.eps, trusted=True,
+                                           backend=backend)              # eq. 13-14
     else:
         w, chi, kappa = graph.fixed_laplacian(layer.laplacian, dtype)
-    return LaplacianOperator(graph.rowptr, graph.col, w, chi, kappa, graph.symmetric)
+    return LaplacianOperator(graph.rowptr, graph.col, w, chi, kappa, graph.symmetric, backend)
 
 
 def apply_laplacian(op: LaplacianOperator, v: Tensor) -> Tensor:
     """Delta v through the fused forward step with x = 0 and mu = 1."""
     zeros = torch.zeros_like(v)
     return -ops.diffusion_step(op.rowptr, op.col, op.w, op.chi, op.kappa, zeros,
-                               v.contiguous(), 1.0, trusted=True)
+                               v.contiguous(), 1.0, trusted=True, backend=op.backend)
 
 
 @torch.no_grad()
@@ -235,7 +240,7 @@ def fixed_point_residuals(layer: FusedImplicitDiffusion, x: Tensor, edge_index,
     out = []
     for _ in range(num_iter):
         z_next = ops.diffusion_step(op.rowptr, op.col, op.w, op.chi, op.kappa, xc, z, mu,
-                                    trusted=True)
+                                    trusted=True, backend=op.backend)
         out.append(float(torch.linalg.vector_norm(z_next - z)))
         z = z_next
     return out
