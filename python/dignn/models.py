@@ -218,8 +218,10 @@ class DIGNNNodeClassifier(nn.Module):
             implicit layer's iterates stored in 16 bits (see :class:`FusedImplicitDiffusion`).
         reorder: the implicit layer's node renumbering for locality (``"none"``, ``"auto"``,
             ``"rcm"``, ``"degree"``, ``"community"``; see :mod:`dignn_kernels.reorder`).
-        solver: the implicit layer's solver, ``"fixed_point"`` (the paper's iteration),
-            ``"cg"`` (exact for every mu > 0 on symmetric graphs) or ``"anderson"``.
+        solver: the implicit layer's solver: ``"auto"`` (default: the layer's per-graph
+            rule, cg on undirected graphs and anderson on directed ones, both converging for
+            every mu > 0), ``"fixed_point"`` (the paper's iteration), ``"cg"`` or
+            ``"anderson"``.
         flow: how ``edge_index`` is read, as PyG's ``MessagePassing(flow=...)``:
             ``"source_to_target"`` (default: node ``edge_index[1]`` aggregates over
             ``edge_index[0]``) or ``"target_to_source"`` (node ``edge_index[0]`` aggregates,
@@ -263,7 +265,7 @@ class DIGNNNodeClassifier(nn.Module):
                  laplacian: str = "neural", mu: float = 2.2, max_iter: int = 10,
                  tol: float = 1e-6, dropout: float = 0.5,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 adj_norm: str = "none", solver: str = "fixed_point",
+                 adj_norm: str = "none", solver: str = "auto",
                  input_dropout: Optional[float] = None, storage_dtype=None,
                  reorder: str = "none", flow: str = "source_to_target"):
         super().__init__()
@@ -430,7 +432,7 @@ class DIGNNGraphClassifier(nn.Module):
                  tol: float = 1e-6, dropout: float = 0.0, pooling: str = "add",
                  node_layers: int = 1, graph_layers: int = 1,
                  metric_channels: Optional[int] = None, backend: str = "auto",
-                 solver: str = "fixed_point", storage_dtype=None, reorder: str = "none",
+                 solver: str = "auto", storage_dtype=None, reorder: str = "none",
                  flow: str = "source_to_target"):
         super().__init__()
         _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
