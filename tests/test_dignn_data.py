@@ -7,6 +7,7 @@ import torch
 
 from conftest import DATA_ROOT
 from dignn import data as dd
+from dignn.catalog import NUM_SPLITS
 
 
 def _disjoint(split, n):
@@ -144,6 +145,9 @@ def test_cora(cache):
     for s in g.splits:
         assert _disjoint(s, 2708)
         assert s.sizes() == (1192, 796, 497)  # Geom-GCN's Cora splits
+    assert len(g.splits) == NUM_SPLITS["cora"]  # what `dignn train --splits` is checked by
+    assert repr(g) == ("NodeDataset('cora', x=[2708, 1433], y=[2708], edge_index=[2, 10556], "
+                       "num_classes=7, splits=10 x (train 1192, val 796, test 497))")
 
 
 @needs_data
@@ -153,6 +157,7 @@ def test_chameleon(cache):
     assert g.edge_index.size(1) == 2 * 31371  # undirected pairs, both directions
     assert [s.sizes() for s in g.splits] == [(1092, 729, 456)] * 10
     assert dd.edge_homophily(g.edge_index, g.y) < 0.3  # heterophilous
+    assert len(g.splits) == NUM_SPLITS["chameleon"]
 
 
 @needs_data
@@ -162,6 +167,8 @@ def test_amherst41(cache):
     assert g.edge_index.size(1) == 181908
     assert not g.x.layout == torch.strided  # one-hot features kept sparse
     labeled = int((g.y >= 0).sum())
+    assert len(g.splits) == NUM_SPLITS["amherst41"]
+    assert repr(g).startswith("NodeDataset('amherst41', x=[2235, 1193] (sparse), ")
     for s in g.splits:
         assert _disjoint(s, 2235)
         assert s.train.numel() == labeled // 2
@@ -186,6 +193,7 @@ def test_chameleon_directed(cache):
     d = dd.load_dataset("chameleon-directed", DATA_ROOT, cache)
     u = dd.load_dataset("chameleon", DATA_ROOT, cache)
     assert d.num_nodes == 2277 and d.edge_index.size(1) == 36101
+    assert len(d.splits) == NUM_SPLITS["chameleon-directed"]
     assert int((d.edge_index[0] == d.edge_index[1]).sum()) == 50
     undirected = to_undirected(d.edge_index)
     assert undirected.size(1) == 2 * 31371 + 50
@@ -210,6 +218,7 @@ def test_penn94_without_its_graph_file_names_what_is_missing(tmp_path, monkeypat
 def test_nci1(cache):
     g = dd.load_dataset("nci1", DATA_ROOT, cache)
     assert g.task == "graph" and len(g.graphs) == 4110
+    assert len(g.splits) == NUM_SPLITS["nci1"]
     assert (g.num_features, g.num_classes) == (37, 2)
     assert sum(graph.edge_index.size(1) for graph in g.graphs) == 265506
     assert sorted(torch.cat([s.test for s in g.splits]).tolist()) == list(range(4110))
@@ -220,4 +229,7 @@ def test_mutag(cache):
     g = dd.load_dataset("mutag", DATA_ROOT, cache)
     assert g.task == "graph" and len(g.graphs) == 188
     assert (g.num_features, g.num_classes) == (7, 2)
+    assert len(g.splits) == NUM_SPLITS["mutag"]
+    assert repr(g) == ("GraphDataset('mutag', graphs=188, num_features=7, num_classes=2, "
+                       "splits=10 x (~train 150, val 19, test 19))")  # not 188 Data objects
     assert sorted(torch.cat([s.test for s in g.splits]).tolist()) == list(range(188))

@@ -2,6 +2,7 @@
 the run record, thread choice, and the command line's speed and help. The same code runs on
 a GPU; here it runs with device="cpu" and the GPU's defaults (no host checks in the layer)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -113,6 +114,7 @@ def test_run_record_names_the_machine(graph, tmp_path, capsys):
 
 def test_thread_choice():
     assert choose_threads(10_000) == (1, "small graph")
+    assert choose_threads(10_000, requested=1) == (1, "--threads")
     assert choose_threads(10_000, requested=2) == (2, "--threads")
     threads, why = choose_threads(10 ** 9)
     assert threads >= 1 and why == "the cores available"
@@ -165,7 +167,10 @@ def test_default_run_gives_no_warning(capsys):
     assert cli.main(["train", "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert "warning" not in captured.err.lower(), captured.err
+    assert "note:" not in captured.err, captured.err  # its loss is not still falling
     assert "over 10 split(s)" in captured.out and "1 CPU thread (small graph)" in captured.out
+    accuracy = float(re.search(r"test accuracy ([0-9.]+) \+-", captured.out).group(1))
+    assert accuracy > 80.0, captured.out  # the csbm row: 83-84 % (dignn.presets)
 
 
 def test_cli_choices_are_the_layers():

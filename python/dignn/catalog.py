@@ -3,8 +3,8 @@ answers without loading torch (:mod:`dignn.data` holds the loaders behind these 
 import os
 from typing import Dict
 
-__all__ = ["DATASETS", "DEVICE_HELP", "SOLVERS", "BACKENDS", "REORDERINGS", "usable_cores",
-           "MAX_THREADS_PER_CORE"]
+__all__ = ["DATASETS", "GENERATED", "NUM_SPLITS", "DEFAULT_NUM_SPLITS", "DEVICE_HELP",
+           "SOLVERS", "BACKENDS", "REORDERINGS", "usable_cores", "MAX_THREADS_PER_CORE"]
 
 # dataset name -> task ("node", "graph", or "multilabel": node labels across graphs)
 DATASETS: Dict[str, str] = {
@@ -18,6 +18,18 @@ DATASETS: Dict[str, str] = {
     "imdb-binary": "graph", "imdb-multi": "graph",
     "ppi": "multilabel",
 }
+
+# The graphs made on the spot (no files; their splits are --num-splits, default 10).
+GENERATED = ("csbm", "penn94-synthetic")
+
+# The splits (folds) each named dataset comes with, so that `dignn train --splits` is checked
+# before any data is read: Planetoid's and the Wikipedia graphs' 10 Geom-GCN splits, penn94's 5
+# fixed LINKX splits, the other facebook100 graphs' 10 seeded random splits, the TU datasets'
+# 10 stratified folds (the gin protocol's too), PPI's one (GraphSAGE's). A test holds them to
+# the loaders.
+DEFAULT_NUM_SPLITS = 10
+NUM_SPLITS: Dict[str, int] = {**{name: DEFAULT_NUM_SPLITS for name in DATASETS},
+                              "penn94": 5, "ppi": 1}
 
 DEVICE_HELP = ("where to train: auto (the GPU when one is visible, else the CPU), cpu, cuda "
                "or cuda:N (default: auto)")

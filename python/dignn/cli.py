@@ -185,20 +185,88 @@ SPLIT_RATIO = _SplitRatio()
 
 # ----------------------------------------------------------- names: did you mean --
 
+def _close(text: str, names, n: int = 3) -> List[str]:
+    """The names of ``names`` close to ``text``: difflib's, else those of the same letters
+    in another order (``gc``: cg) and those ``text`` begins (``ander``: anderson)."""
+    text, names = str(text).lower(), [str(name) for name in names]
+    close = difflib.get_close_matches(text, names, n=n)
+    if not close and len(text) >= 2:
+        close = [name for name in names if sorted(name.lower()) == sorted(text) or
+                 name.lower().startswith(text)]
+    return close[:n]
+
+
 def _close_names(text: str, names) -> str:
     """`` (did you mean a or b?)`` for the names of ``names`` close to ``text``, else ``""``."""
-    close = difflib.get_close_matches(str(text).lower(), [str(n) for n in names], n=3)
+    close = _close(text, names)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose refusal of a choice (a subcommand, --preset, --solver, ...)
     also names the choices close to what was typed, and which takes ``-1e-6`` and ``-inf``
-    as values (refused by the flag's range, not as options: no option begins with a digit)."""
+    as values (refused by the flag's range, not as options: no option begins with a digit).
+    An unknown flag is refused by the subcommand's own parser (its usage, not the top
+    level's) with the flags close to it, or the subcommand that has it (git's "did you
+    mean")."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf$|infinity$|nan$)", re.I)
+        self._leaf = False  # a subcommand's own parser (build_parser sets it)
+        self._homes: dict = {}  # flag -> the commands that take it (build_parser sets it)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._leaf:  # said here, with this subcommand's usage
+            self.error(self._unrecognized(extras))
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        parser = self  # a (sub)command that needs one of its own, said with its choices
+        while parser is not None:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not subs:
+                break
+            chosen = getattr(namespace, subs[0].dest, None)
+            if chosen is None:
+                names = list(subs[0].choices)
+                parser.error(f"a {subs[0].dest} is required: "
+                             f"{', '.join(names[:-1])} or {names[-1]} ({parser.prog} --help "
+                             f"says what each does)")
+            parser = subs[0].choices[chosen]
+        return namespace
+
+    def _unrecognized(self, extras: Sequence[str]) -> str:
+        """argparse's "unrecognized arguments: ..." with, for each unknown flag, the close
+        flags of this command or the commands that take it, and for a bare dataset name the
+        flag it needs."""
+        from .catalog import DATASETS
+        flags = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        hints = []
+        for k, text in enumerate(extras):
+            after_flag = k > 0 and extras[k - 1].startswith("-") and "=" not in extras[k - 1]
+            if text.startswith("-") and not self._negative_number_matcher.match(text):
+                flag = text.split("=", 1)[0]
+                close = _close(flag.lstrip("-"), [f[2:] for f in flags], n=2)
+                if close:
+                    hints.append((flag, f"did you mean {' or '.join('--' + c for c in close)}"
+                                        f"?"))
+                elif self._homes.get(flag):
+                    hints.append((flag, f"{flag} is an option of "
+                                        f"{' and '.join(self._homes[flag])}, not of "
+                                        f"{self.prog}"))
+            elif text.lower() in DATASETS and "--dataset" in flags and not after_flag:
+                hints.append((text, f"did you mean --dataset {text}?"))
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        if len(hints) == 1:
+            return f"{message} ({hints[0][1]})"
+        if hints:
+            return f"{message} ({'; '.join(f'{what}: {hint}' for what, hint in hints)})"
+        return message
 
     def _check_value(self, action, value):
         try:
@@ -208,6 +276,34 @@ class _Parser(argparse.ArgumentParser):
             if not hint:
                 raise
             raise argparse.ArgumentError(action, err.message + hint) from None
+
+
+class _Version(argparse.Action):
+    """``--version``: the package's version and those of what it runs on (as in a bug
+    report), read from the installed packages' metadata, without importing them."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print dignn's version (and torch's, PyG's and Python's) and exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(version_line() + "\n", sys.stdout)  # as argparse's own
+        parser.exit()
+
+
+def version_line() -> str:
+    """``dignn 0.1.0 (torch 2.14.1, torch-geometric 2.8.1, Python 3.11.7)``: what
+    ``dignn --version`` prints."""
+    from importlib import metadata
+    from . import __version__
+
+    def installed(distribution: str) -> str:
+        try:
+            return f"{distribution} {metadata.version(distribution)}"
+        except metadata.PackageNotFoundError:
+            return f"{distribution} not installed"
+    return (f"dignn {__version__} ({installed('torch')}, {installed('torch-geometric')}, "
+            f"Python {sys.version.split()[0]})")
 
 
 def _looks_like_path(text: str) -> bool:
@@ -224,6 +320,9 @@ def _dataset_arg(text: str) -> str:
     from .catalog import DATASETS
     if text.lower() in DATASETS:
         return text.lower()
+    if text.lower().replace("_", "-") in DATASETS:  # as load_dataset, unless a file has it
+        if not Path(text).expanduser().is_file():
+            return text.lower().replace("_", "-")
     path = Path(text).expanduser()
     if path.is_file():
         return text
@@ -247,6 +346,7 @@ def _node_dataset(text: str) -> str:
     from .catalog import DATASETS
     nodes = sorted(n for n, task in DATASETS.items() if task == "node")
     name = text.strip().lower()
+    name = name.replace("_", "-") if name.replace("_", "-") in DATASETS else name
     if name in nodes:
         return name
     if name in DATASETS:
@@ -263,6 +363,15 @@ def _node_datasets(text: str) -> List[str]:
         raise argparse.ArgumentTypeError(f"names no dataset ({text!r}); give comma-separated "
                                          f"names such as csbm or cora,chameleon")
     return names
+
+
+def _device_arg(text: str) -> str:
+    """A device spec :func:`dignn.device.resolve_device` takes (kept as typed)."""
+    from .device import device_spec_error
+    bad = device_spec_error(text)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(bad)
+    return text
 
 
 def _option(p, *flags: str, **how) -> None:
@@ -287,7 +396,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 def _add_run_args(p: argparse.ArgumentParser, progress_default: bool) -> None:
     """Where and how a run executes: device, threads, compilation, progress."""
     from .catalog import DEVICE_HELP, MAX_THREADS_PER_CORE
-    p.add_argument("--device", default="auto", metavar="DEV", help=DEVICE_HELP)
+    p.add_argument("--device", default="auto", type=_device_arg, metavar="DEV",
+                   help=DEVICE_HELP)
     p.add_argument("--threads", type=_threads, default=None, metavar="N",
                    help="torch CPU threads (default: 1 for small graphs, where more threads "
                         "only wait on each other, else every core this process may use); "
@@ -471,7 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
     parser = _Parser(prog="dignn", description=__doc__.split("\n\n")[1],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version)
+    # (a missing command is refused by _Parser.parse_args, which names the commands)
+    sub = parser.add_subparsers(dest="command", required=False)
 
     t = sub.add_parser("train", help="train DIGNN and report test accuracy per split")
     _add_training_args(t, json_help='write {"dataset", "laplacian", "test_acc": [per split], '
@@ -503,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="refuse more than N settings (default: 64)")
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
-    psub = p.add_subparsers(dest="figure", required=True)
+    psub = p.add_subparsers(dest="figure", required=False)
     c = psub.add_parser("convergence", help="||Z_t - Z_{t-1}||_F against t")
     c.add_argument("--datasets", default=["csbm"], type=_node_datasets, metavar="A,B",
                    help="comma-separated node datasets (default: csbm; the paper: "
@@ -528,7 +640,28 @@ def build_parser() -> argparse.ArgumentParser:
                 help="training epochs per model (default: the preset's)")
         q.add_argument("--json", metavar="PATH", default=None, help="also write the numbers")
         _add_run_args(q, progress_default=False)
+    _mark_leaves(parser)
     return parser
+
+
+def _mark_leaves(parser: _Parser) -> None:
+    """Marks the subcommands' own parsers (an unknown flag is refused there, with their
+    usage) and tells each which commands take each flag."""
+    leaves, stack = [], [parser]
+    while stack:
+        p = stack.pop()
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            leaves.append(p)
+        for action in subs:
+            stack.extend(action.choices.values())
+    homes: dict = {}
+    for leaf in leaves:
+        leaf._leaf = True
+        for flag in leaf._option_string_actions:
+            homes.setdefault(flag, []).append(leaf.prog)
+    for p in leaves + [parser]:
+        p._homes = homes
 
 
 def _override_values(args) -> dict:
@@ -704,16 +837,164 @@ def _load(args):
         return load_user_file(args.dataset, split_ratio=args.split_ratio,
                               num_splits=args.num_splits or 10,
                               allow_pickle=args.trust_pickle)
-    if args.trust_pickle:
-        raise ValueError(f"--trust-pickle applies to a dataset file (--dataset FILE); "
-                         f"{args.dataset} is read by its own loader")
-    generated = args.dataset in ("csbm", "penn94-synthetic")
-    if args.split_ratio is not None or (args.num_splits and not generated):
-        raise ValueError(f"--split-ratio{'' if generated else ' and --num-splits'} apply to "
-                         f"a dataset file; {args.dataset} comes with its own splits (select "
-                         f"some with --splits)")
+    bad = _dataset_option_error(args)
+    if bad is not None:
+        raise ValueError(bad)
     extra = {"num_splits": args.num_splits} if args.num_splits else {}
     return load_dataset(args.dataset, args.data_root, args.cache_dir, **extra)
+
+
+# --------------------------------------------- what is refused before torch is imported --
+# main() asks _early_error first: every input error that needs no data is said within the
+# time Python and argparse take (no torch, no dignn_kernels, no PyG), in the one line the
+# later checks would print.
+
+def _dataset_option_error(args) -> Optional[str]:
+    """Why the dataset options of ``train``/``sweep`` do not go together (None: they do)."""
+    from .catalog import DATASETS, GENERATED
+    if args.dataset not in DATASETS:
+        return None
+    if args.trust_pickle:
+        return (f"--trust-pickle applies to a dataset file (--dataset FILE); {args.dataset} is "
+                f"read by its own loader")
+    generated = args.dataset in GENERATED
+    if args.split_ratio is not None or (args.num_splits and not generated):
+        return (f"--split-ratio{'' if generated else ' and --num-splits'} apply to a dataset "
+                f"file; {args.dataset} comes with its own splits (select some with --splits)")
+    return None
+
+
+def _split_count(args) -> Optional[tuple]:
+    """(the number of splits or folds the run will have, how that is known), without reading
+    the data; None where only the data tells (a dataset file's own masks)."""
+    from .catalog import DATASETS, DEFAULT_NUM_SPLITS, GENERATED, NUM_SPLITS
+    if args.protocol == "gin":
+        from .protocols import GIN_NUM_FOLDS
+        return GIN_NUM_FOLDS, f"--protocol gin makes {GIN_NUM_FOLDS} folds"
+    if args.dataset in DATASETS:
+        if args.dataset in GENERATED and args.num_splits:
+            return args.num_splits, f"{args.dataset} is made with --num-splits " \
+                                    f"{args.num_splits} splits"
+        count = NUM_SPLITS[args.dataset]
+        return count, f"{args.dataset} has {count} split{'s' if count > 1 else ''}"
+    if args.split_ratio is not None:
+        count = args.num_splits or DEFAULT_NUM_SPLITS
+        return count, f"--split-ratio makes {count} splits (--num-splits)"
+    return None
+
+
+def _splits_error(args) -> Optional[str]:
+    """Why ``--splits`` names a split the run does not have (None: it names none such)."""
+    known = None if args.splits is None else _split_count(args)
+    if known is None:
+        return None
+    count, why = known
+    bad = sorted({k for k in args.splits if k >= count})
+    if not bad:
+        return None
+    return (f"argument --splits: {', '.join(map(str, bad))} out of range: {why}, "
+            f"{'0' if count == 1 else f'0..{count - 1}'}")
+
+
+def _protocol_error(args) -> Optional[str]:
+    """Why ``--protocol gin`` cannot run here (a node dataset, or --patience), as
+    :func:`dignn.protocols.apply_protocol` and ``check_protocol_config`` say it."""
+    from .catalog import DATASETS
+    if args.protocol != "gin":
+        return None
+    task = DATASETS.get(args.dataset)
+    if task is not None and task != "graph":
+        return (f"the gin protocol (10-fold cross-validation) is for graph classification "
+                f"datasets; {args.dataset} is a {task} classification dataset: use "
+                f"--protocol holdout")
+    if args.patience is not None:
+        from .protocols import check_protocol_config
+        try:
+            check_protocol_config(args.protocol, argparse.Namespace(patience=args.patience))
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def _checkpoint_option_error(args) -> Optional[str]:
+    """Why ``--checkpoint``, ``--checkpoint-every`` and ``--resume`` do not go together."""
+    if args.checkpoint is None:
+        if args.resume or args.checkpoint_every is not None:
+            return "--resume and --checkpoint-every need --checkpoint PATH (the checkpoint file)"
+        return None
+    if args.resume and not _is_file(args.checkpoint):
+        return (f"--resume: no checkpoint file at --checkpoint {args.checkpoint!r}; start "
+                f"without --resume to write one there")
+    return None
+
+
+def _is_file(path) -> bool:
+    """Whether there is a file at ``path``; True where the file system cannot tell (a name
+    it does not take: the write's own checks say that)."""
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError):
+        return True
+
+
+def _data_root_error(args, names: Sequence[str]) -> Optional[str]:
+    """Why the data root (``--data-root``, else ``$DIGNN_DATA``) cannot be read, for runs on
+    datasets read from files (``names``); as :mod:`dignn.data.storage` says it."""
+    from .catalog import DATASETS, GENERATED
+    if not any(n in DATASETS and n not in GENERATED for n in names):
+        return None
+    if args.data_root is not None:
+        root, given_as = Path(args.data_root).expanduser(), "data_root (--data-root)"
+    elif os.environ.get("DIGNN_DATA"):
+        root, given_as = Path(os.environ["DIGNN_DATA"]).expanduser(), \
+            "the data root $DIGNN_DATA"
+    else:
+        return None
+    if args.cache_dir is not None:
+        cache = Path(args.cache_dir).expanduser()
+    elif os.environ.get("DIGNN_CACHE"):
+        cache = Path(os.environ["DIGNN_CACHE"]).expanduser()
+    else:
+        cache = Path.home() / ".cache" / "dignn"
+    try:
+        exists, folder = root.exists(), root.is_dir()
+    except (OSError, ValueError):  # a name the file system does not take: the loader says it
+        return None
+    if not exists:
+        return (f"{given_as} {str(root)!r} was given but does not exist; pass an existing "
+                f"folder laid out as <root>/<name>/raw/..., or give no data root at all to use "
+                f"only the cache {str(cache)!r} (which PyG fills by downloading)")
+    if not folder:
+        return (f"{given_as} {str(root)!r} is a file, not a folder; pass the folder laid out "
+                f"as <root>/<name>/raw/... (a dataset file goes to --dataset FILE)")
+    if not os.access(root, os.R_OK | os.X_OK):
+        return (f"{given_as} {str(root)!r} cannot be read (no permission to list it); make "
+                f"it readable, or pass a readable folder laid out as <root>/<name>/raw/...")
+    return None
+
+
+def _early_error(args) -> Optional[str]:
+    """The first input error of ``args`` that needs no data and no torch (None: none):
+    options that do not go together, --splits past the dataset's splits, a data root that
+    cannot be read, a GPU asked for where none can be visible."""
+    from .device import early_device_error
+    checks = []
+    if args.command in ("train", "sweep"):
+        checks += [lambda: _dataset_option_error(args), lambda: _protocol_error(args),
+                   lambda: _splits_error(args), lambda: _data_root_error(args, [args.dataset])]
+    if args.command == "train":
+        checks += [lambda: _checkpoint_option_error(args)]
+        if not args.distributed and args.partition_file is not None:
+            checks += [lambda: "--partition-file applies to --distributed runs"]
+    if args.command == "plot":
+        names = args.datasets if args.figure == "convergence" else [args.dataset]
+        checks += [lambda: _data_root_error(args, names)]
+    checks += [lambda: early_device_error(args.device)]
+    for check in checks:
+        bad = check()
+        if bad is not None:
+            return bad
+    return None
 
 
 def _checkpointing(args, write: bool = True):
@@ -722,15 +1003,15 @@ def _checkpointing(args, write: bool = True):
     from .files import check_writable
     from .training import Checkpointing
     if args.checkpoint is None:
-        if args.resume or args.checkpoint_every is not None:
-            raise ValueError("--resume and --checkpoint-every need --checkpoint PATH (the "
-                             "checkpoint file)")
+        bad = _checkpoint_option_error(args)
+        if bad is not None:
+            raise ValueError(bad)
         return None
     if write:
         check_writable(args.checkpoint, "--checkpoint", "run.ckpt")
-    if args.resume and not Path(args.checkpoint).expanduser().is_file():
-        raise ValueError(f"--resume: no checkpoint file at --checkpoint {args.checkpoint!r}; "
-                         f"start without --resume to write one there")
+    bad = _checkpoint_option_error(args)
+    if bad is not None:
+        raise ValueError(bad)
     return Checkpointing(args.checkpoint, args.checkpoint_every or 10, args.resume, write)
 
 
@@ -789,7 +1070,7 @@ def _train_run(args, distributed=None) -> int:
     from .device import describe_device
     from .presets import check_training_numbers, preset_config
     from .protocols import GIN_DESCRIPTION, apply_protocol, check_protocol_config, gin_score
-    from .training import train
+    from .training import still_falling_note, train
     rank = 0 if distributed is None else distributed[0]
     quiet = rank != 0
 
@@ -881,6 +1162,10 @@ def _train_run(args, distributed=None) -> int:
             record["distributed"] = {"world_size": world, "partition": stats,
                                      "peak_memory_per_rank": memory}
         _write_record(args, record, preset_name, total, device)
+    note = still_falling_note(run)
+    if note is not None and not quiet:  # last, after the numbers it qualifies (on stderr)
+        sys.stdout.flush()
+        builtins.print(note, file=sys.stderr, flush=True)
     return 0
 
 
@@ -1161,8 +1446,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.checkpoint_state = _file_state(args.checkpoint)
     try:
         with warnings.catch_warnings():
-            _show_warnings()
             try:
+                early = _early_error(args)  # before torch is imported
+                if early is not None:
+                    print(f"dignn {args.command}: error: {early}", file=sys.stderr, flush=True)
+                    return 2
+                _show_warnings()
                 if args.command == "train":
                     return _train(args)
                 if args.command == "sweep":

@@ -13,6 +13,29 @@ __all__ = ["Split", "NodeDataset", "GraphDataset", "InductiveDataset", "random_s
            "stratified_folds", "mask_splits", "edge_homophily", "row_normalize", "sparse_features"]
 
 
+def _shape(t) -> str:
+    """``[2708, 1433]`` (PyG's way of showing a tensor in a repr), with its layout when
+    sparse and its device when not the CPU."""
+    if not isinstance(t, Tensor):
+        return type(t).__name__
+    notes = [n for n in ("sparse" if t.layout != torch.strided else None,
+                         str(t.device) if t.device.type != "cpu" else None) if n]
+    return f"[{', '.join(map(str, t.shape))}]" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _splits_repr(splits) -> str:
+    """``10 x (train 1624, val 541, test 543)`` (the first split's sizes; "~" when they
+    differ between splits)."""
+    if not splits:
+        return "0"
+    sizes = [s.sizes() if isinstance(s, Split) else None for s in splits]
+    if sizes[0] is None:
+        return str(len(splits))
+    same = all(z == sizes[0] for z in sizes)
+    train, val, test = sizes[0]
+    return f"{len(splits)} x ({'' if same else '~'}train {train}, val {val}, test {test})"
+
+
 @dataclass
 class Split:
     """Node (or graph) indices of one train/validation/test split."""
@@ -20,6 +43,10 @@ class Split:
     train: Tensor
     val: Tensor
     test: Tensor
+
+    def __repr__(self) -> str:
+        return f"Split(train={_shape(self.train)}, val={_shape(self.val)}, " \
+               f"test={_shape(self.test)})"
 
     def sizes(self) -> Tuple[int, int, int]:
         """(train, validation, test) counts."""
@@ -66,6 +93,14 @@ class NodeDataset:
     description: str = ""
 
     task = "node"
+
+    def __repr__(self) -> str:
+        """One line, as PyG shows a ``Data``: the tensors' shapes, not their values
+        (``NodeDataset('csbm', x=[1500, 32], y=[1500], edge_index=[2, 15000], num_classes=4,
+        splits=10 x (train 900, val 300, test 300))``)."""
+        return (f"NodeDataset({self.name!r}, x={_shape(self.x)}, y={_shape(self.y)}, "
+                f"edge_index={_shape(self.edge_index)}, num_classes={self.num_classes}, "
+                f"splits={_splits_repr(self.splits)})")
 
     @property
     def device(self) -> torch.device:
@@ -127,6 +162,12 @@ class GraphDataset:
 
     task = "graph"
 
+    def __repr__(self) -> str:
+        """One line: the number of graphs, not the graphs (``GraphDataset('mutag', graphs=188,
+        num_features=7, num_classes=2, splits=10 x (~train 150, val 19, test 19))``)."""
+        return (f"GraphDataset({self.name!r}, graphs={len(self.graphs)}, "
+                f"num_features={self.num_features}, num_classes={self.num_classes}, "
+                f"splits={_splits_repr(self.splits)})")
 
 
 def random_splits(y: Tensor, num_splits: int = 10, train: float = 0.5, val: float = 0.25,
@@ -217,6 +258,12 @@ class InductiveDataset:
     description: str = ""
 
     task = "multilabel"
+
+    def __repr__(self) -> str:
+        """One line: the number of graphs, not the graphs."""
+        return (f"InductiveDataset({self.name!r}, graphs={len(self.graphs)}, "
+                f"num_features={self.num_features}, num_labels={self.num_labels}, "
+                f"splits={_splits_repr(self.splits)})")
 
     @property
     def num_classes(self) -> int:
