@@ -1,4 +1,5 @@
-"""The build descriptions: CMake for C++ users, the torch-version guard, README <-> CI."""
+"""The build descriptions: when setup.py builds the CUDA kernels and what it says, CMake for C++
+users, the torch-version guard, README <-> CI."""
 import os
 import shutil
 import subprocess
@@ -7,8 +8,151 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
+SETUP = load_module("dignn_setup", ROOT / "setup.py")  # runs no build: setup() is in main()
+
+# A CUDA build of torch and a toolkit with nvcc: what a CUDA build needs besides the GPU.
+CUDA_READY = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", toolkit="/usr/local/cuda",
+                  toolkit_has_nvcc=True)
+CPU_TORCH = dict(CUDA_READY, torch_version="2.14.1+cpu", torch_cuda=None)
+NO_TOOLKIT = dict(CUDA_READY, toolkit=None, toolkit_has_nvcc=False)
+NO_NVCC = dict(CUDA_READY, toolkit_has_nvcc=False)
+
+
+@pytest.mark.parametrize("machine, gpu, build", [
+    (CUDA_READY, True, True),      # the GPU machine: CUDA built
+    (CUDA_READY, False, False),    # a CUDA torch and nvcc but no GPU (this 2-core machine)
+    (CPU_TORCH, True, False),
+    (CPU_TORCH, False, False),
+    (NO_TOOLKIT, True, False),
+    (NO_TOOLKIT, False, False),
+    (NO_NVCC, True, False),
+])
+def test_auto_builds_cuda_only_where_a_gpu_is_visible(machine, gpu, build):
+    """DIGNN_WITH_CUDA=auto (the default, also when unset or empty) follows torch-scatter's
+    and pyg-lib's convention: CUDA kernels where a GPU is visible at build time and torch and
+    the toolkit can build them; the CPU kernels always; the message says which and how long."""
+    for mode in ("auto", "", " AUTO "):
+        decision = SETUP.cuda_decision(mode, gpu_visible=gpu, **machine)
+        assert decision.build is build
+        assert decision.arch_list == ""  # a visible GPU: torch builds for it
+        assert decision.message.startswith("building the CPU kernels (about ")
+        assert " min on 2 idle cores)" in decision.message
+        if not build:
+            assert "CUDA kernels: skipped" in decision.message
+
+
+def test_auto_without_a_gpu_says_how_to_build_cuda_and_how_long():
+    message = SETUP.cuda_decision("auto", gpu_visible=False, **CUDA_READY).message
+    assert message == (
+        f"building the CPU kernels (about {SETUP.CPU_MINUTES_2_CORES} min on 2 idle cores); "
+        f"CUDA kernels: skipped (no GPU visible; DIGNN_WITH_CUDA=1 to build them, about "
+        f"{SETUP.CUDA_MINUTES_2_CORES} more min on 2 idle cores for two architectures)")
+    # ... and what else that needs, where something is missing
+    message = SETUP.cuda_decision("auto", gpu_visible=False, **NO_TOOLKIT).message
+    assert "DIGNN_WITH_CUDA=1 to build them" in message
+    assert "no CUDA toolkit was found" in message and "CUDA_HOME" in message
+    message = SETUP.cuda_decision("auto", gpu_visible=False, arch_list="8.6",
+                                  **CUDA_READY).message
+    assert "DIGNN_WITH_CUDA=1 to build them for TORCH_CUDA_ARCH_LIST=8.6" in message
+
+
+def test_auto_with_a_gpu_but_no_toolkit_names_the_fix_and_triton():
+    message = SETUP.cuda_decision("auto", gpu_visible=True, **NO_TOOLKIT).message
+    assert "skipped although a GPU is visible: no CUDA toolkit was found" in message
+    assert "CUDA_HOME" in message and "backend='triton'" in message
+    message = SETUP.cuda_decision("auto", gpu_visible=True, **NO_NVCC).message
+    assert "/usr/local/cuda has no bin/nvcc" in message
+
+
+def test_auto_with_a_gpu_names_its_architectures():
+    decision = SETUP.cuda_decision("auto", gpu_visible=True, gpu_archs="8.0;9.0", **CUDA_READY)
+    assert "and the CUDA kernels for sm_80, sm_90 (a GPU is visible" in decision.message
+    assert "DIGNN_WITH_CUDA=0 skips them" in decision.message
+    decision = SETUP.cuda_decision("auto", gpu_visible=True, **CUDA_READY)
+    assert "CUDA kernels for the visible GPU" in decision.message
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_with_cuda_1_forces_cuda(gpu):
+    """DIGNN_WITH_CUDA=1 (like FORCE_CUDA=1) builds CUDA with or without a GPU: without one,
+    for sm_80 and sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise."""
+    decision = SETUP.cuda_decision("1", gpu_visible=gpu, gpu_archs="9.0" if gpu else "",
+                                   **CUDA_READY)
+    assert decision.build
+    assert decision.arch_list == ("" if gpu else "8.0;9.0")
+    assert ("for sm_90 " if gpu else "for sm_80, sm_90 ") in decision.message
+    assert "(DIGNN_WITH_CUDA=1; about " in decision.message
+    decision = SETUP.cuda_decision("1", gpu_visible=gpu, arch_list="8.6;9.0a+PTX",
+                                   **CUDA_READY)
+    assert decision.build and decision.arch_list == ""  # the user's list stays as it is
+    assert "for sm_86, sm_90a+PTX " in decision.message
+
+
+@pytest.mark.parametrize("machine, missing, fix", [
+    (CPU_TORCH, "torch 2.14.1+cpu is a CPU-only build", "install a CUDA build of torch"),
+    (NO_TOOLKIT, "no CUDA toolkit was found", "set CUDA_HOME to the folder holding bin/nvcc"),
+    (NO_NVCC, "the CUDA toolkit folder /usr/local/cuda has no bin/nvcc",
+     "set CUDA_HOME to the folder holding bin/nvcc"),
+])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_with_cuda_1_stops_with_what_is_missing_and_the_fix(machine, missing, fix, gpu):
+    with pytest.raises(SystemExit) as stop:
+        SETUP.cuda_decision("1", gpu_visible=gpu, **machine)
+    message = str(stop.value)
+    assert message.startswith(f"dignn-kernels: DIGNN_WITH_CUDA=1 but {missing}")
+    assert fix in message and "unset DIGNN_WITH_CUDA to build the CPU kernels only" in message
+
+
+@pytest.mark.parametrize("machine", [CUDA_READY, CPU_TORCH, NO_TOOLKIT])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_with_cuda_0_never_builds_cuda(machine, gpu):
+    decision = SETUP.cuda_decision("0", gpu_visible=gpu, **machine)
+    assert not decision.build
+    assert decision.message.endswith("; CUDA kernels: skipped (DIGNN_WITH_CUDA=0)")
+
+
+def test_with_cuda_refuses_other_values():
+    with pytest.raises(SystemExit, match="DIGNN_WITH_CUDA must be auto, 0 or 1, got 'yes'"):
+        SETUP.cuda_decision("yes", gpu_visible=True, **CUDA_READY)
+
+
+SETUP_SCRIPT_CASES = [
+    ({"DIGNN_WITH_CUDA": "0"}, 0, "dignn-kernels: building the CPU kernels (about "),
+    ({"DIGNN_WITH_CUDA": "auto"}, 0, "CUDA kernels: skipped ("),
+    ({"DIGNN_WITH_CUDA": "1", "CUDA_HOME": "/nonexistent"}, 1,
+     "dignn-kernels: DIGNN_WITH_CUDA=1 but "),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the auto case expects no GPU")
+@pytest.mark.parametrize("env, rc, says", SETUP_SCRIPT_CASES)
+@pytest.mark.slow  # a subprocess or a compile: seconds; `-m "not slow"` leaves it out
+def test_setup_py_says_what_it_builds(tmp_path, env, rc, says):
+    """setup.py run as pip runs it (no compile: `--name`), in a copy so that the build record
+    it writes lands there: it prints its decision and keeps it in the record, or stops with
+    the missing piece."""
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "dignn_kernels").mkdir()
+    proc = subprocess.run([sys.executable, "setup.py", "--name"], cwd=tmp_path, text=True,
+                          capture_output=True, env={**os.environ, **env})
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert says in proc.stdout + proc.stderr
+    if rc == 0:
+        record = {}
+        exec((tmp_path / "dignn_kernels" / "_build_info.py").read_text(), record)
+        assert record["WITH_CUDA"] is False
+        assert f"dignn-kernels: {record['BUILD_MESSAGE']}\n" in proc.stdout  # kept as said
+
+
+def test_ci_compiles_the_cuda_kernels_where_nvcc_is():
+    """CI's machine has nvcc and no GPU, so `auto` would skip CUDA there: .ci/run asks for it."""
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "export DIGNN_WITH_CUDA=1" in script
+
 
 LOAD_SCRIPT = r"""
 import importlib.util, sys, torch
