@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from .backends import get_backend
-from .backends.registration import register_edge_weights_autograd
+from .backends import pytorch as torch_passes
+from .backends.registration import forward_ad_active, register_edge_weights_autograd
 from .backends.schedule import CUDA_SEGMENT_EDGES
 from .checks import (check_backend_device, check_csr_fma_args, check_diffusion_step_args,
                      check_graph, check_graph_data, check_neural_edge_weights_args,
@@ -90,7 +91,9 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
                         eps: float = 1e-6, *, trusted: bool = False,
                         backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """Edge weights ``W = a tanh(1/(||q_i - q_j|| + eps)) tanh(|p_i . p_j|)`` (eq. 13-14) and
-    their row sums kappa. Differentiable in p and q.
+    their row sums kappa. Differentiable in a, p and q, twice (``create_graph=True``) and in
+    forward mode (``torch.func.jvp``, ``torch.autograd.forward_ad``: then computed by the
+    plain-PyTorch backend's same formulas).
 
     Args:
         rowptr, col: the graph's CSR (int64 [n + 1], int32 or int64 [m]; module docstring).
@@ -127,6 +130,11 @@ def neural_edge_weights(rowptr: Tensor, col: Tensor, a: Tensor, p: Tensor, q: Te
     if not trusted:
         check_projection_range(p)
     eps = _scalar(eps)
+    if forward_ad_active() and not torch.compiler.is_compiling():
+        # Tangents (torch.func.jvp, forward_ad): the dispatcher ops have no forward-mode
+        # formula, so the same eq. 13-14 run as torch ops, which torch differentiates in both
+        # modes.
+        return torch_passes.neural_edge_weights(rowptr, col, a, p, q, eps)
     if run is None:
         return _ops.neural_edge_weights(rowptr, col, a, p, q, eps)
     return run.neural_edge_weights(rowptr, col, a, p, q, eps)

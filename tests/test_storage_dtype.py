@@ -16,9 +16,16 @@ adjoint in bfloat16 or float16, every sum in float32.
   every instruction-set build (NaN, infinities, float16 overflow, subnormals, ties);
 - bad values, a backend without 16-bit storage and other solvers raise ValueError naming
   storage_dtype; the compiled ops refuse 16-bit compute-dtype arguments naming them;
-  storage_dtype=None is unchanged (the solve op still takes its old arguments).
+  storage_dtype=None is unchanged (the solve op still takes its old arguments);
+- float16's range (largest 65504, smallest normal 2^-14): features, and incoming gradients,
+  far above or below it are solved within float16's accuracy of float32 on the fused CPU
+  loop, the solvers' loop and the Triton kernels (the solve scales its right-hand side by a
+  power of two); a solve whose iterates still overflow float16 raises ValueError naming
+  storage_dtype (before: NaN/Inf with a DivergenceWarning blaming mu, or silent NaN
+  gradients).
 """
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -49,10 +56,13 @@ def triton_device(request):
 
 
 def _run(kind, backend, storage_dtype, d=5, h=4, laplacian_name="neural", dtype=torch.float32,
-         device="cpu", **kwargs):
+         device="cpu", magnitude=None, grad_magnitude=1.0, **kwargs):
     """Z and the gradients of a fixed loss, for the layer on a small graph of ``kind`` (on
-    ``device``; the results come back on the CPU)."""
+    ``device``; the results come back on the CPU); ``magnitude``: x scaled to that max|x|,
+    ``grad_magnitude``: the incoming gradient's max|dl/dZ|."""
     x, ei, w = make_graph(kind, n=24, d=d, dtype=dtype)
+    if magnitude is not None:
+        x = x * (magnitude / x.abs().max())
     x, ei = x.to(device), ei.to(device)
     w = w.to(device) if w is not None else None
     layer = make_layer(d, laplacian=laplacian_name, h=h, dtype=dtype, backend=backend,
@@ -60,7 +70,7 @@ def _run(kind, backend, storage_dtype, d=5, h=4, laplacian_name="neural", dtype=
     xr = x.clone().requires_grad_()
     z = layer(xr, ei, w)
     weight = torch.linspace(-1.0, 1.0, z.numel(), dtype=dtype, device=device).view_as(z)
-    (z * weight).sum().backward()
+    (z * weight * grad_magnitude).sum().backward()
     out = {"z": z.detach(), "x": xr.grad}
     out.update({name: t.grad for name, t in thetas(layer).items()})
     return {name: t.cpu() for name, t in out.items()}, layer
@@ -518,6 +528,90 @@ def test_cpu_ops_check_16bit_arguments():
     x = t["b"]
     with pytest.raises(RuntimeError, match=r"z must have dtype Float"):
         o.diffusion_step(g.rowptr, g.col, t["w"], t["cy"].abs(), t["rs"].abs(), x, t["y"], 3.0)
+
+
+# -------------------------------------------------------------- float16's range --
+
+FP16_TOL = 1e-3  # float16 storage's documented accuracy against float32
+# (max|x|, max|dl/dZ|): above float16's largest value 65504 (the issue's 1.8e5), in the
+# forward and in the adjoint; below its normal range (x of 1e-6: subnormal in float16)
+FP16_RANGE = [pytest.param(7e4, 1.0, id="x7e4"), pytest.param(1.8e5, 1.0, id="x1.8e5"),
+              pytest.param(1.8e5, 1e5, id="x1.8e5-grad1e5")]
+FP16_UNDER = [pytest.param(1e-6, 1.0, id="x1e-6")]
+FIXED = ["rw", "sym", "unnormalized"]
+
+
+def _fp16_cases(backends_, marks=()):
+    return [pytest.param(b, lap, m, g, id=f"{b}-{lap}-{c.id}", marks=marks)
+            for b in backends_ for c in FP16_RANGE for lap in ["neural"] + FIXED
+            for m, g in [c.values]] + \
+        [pytest.param(b, lap, m, g, id=f"{b}-{lap}-{c.id}", marks=marks)
+         for b in backends_ for c in FP16_UNDER for lap in FIXED for m, g in [c.values]]
+
+
+@pytest.mark.parametrize("backend,laplacian_name,magnitude,grad_magnitude",
+                         _fp16_cases(["cpu", "torch"]) +
+                         _fp16_cases(["triton"], marks=[pytest.mark.slow]))
+def test_float16_storage_far_outside_its_range(backend, laplacian_name, magnitude,
+                                               grad_magnitude, one_thread):
+    """float16 storage with features (and incoming gradients) far outside float16's range:
+    Z and every gradient within float16's accuracy of the float32 run, on the fused CPU loop
+    (cpu), the solvers' loop (torch) and the Triton kernels, with no warning (before: NaN or
+    Inf and a DivergenceWarning blaming mu, or silently inaccurate below the range)."""
+    if backend == "triton" and not backends.get_backend("triton").available(
+            torch.device("cpu")):
+        pytest.skip("the Triton kernels run on the GPU in this session")
+    opts = dict(laplacian_name=laplacian_name, magnitude=magnitude,
+                grad_magnitude=grad_magnitude)
+    ref, _ = _run("symmetric", backend, None, **opts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run, layer = _run("symmetric", backend, torch.float16, **opts)
+    errors = _errors(run, ref)
+    assert max(errors.values()) <= FP16_TOL, errors
+
+
+@pytest.mark.parametrize("laplacian_name", ["neural", "rw"])
+def test_float16_storage_of_a_float64_solve_far_outside_its_range(laplacian_name, one_thread):
+    """float64 features of 1.8e5 with float16 storage: the solvers' loop over the compiled
+    CPU passes (the fused loop takes float32 x only)."""
+    opts = dict(laplacian_name=laplacian_name, magnitude=1.8e5, dtype=torch.float64)
+    ref, _ = _run("directed", "cpu", None, **opts)
+    run, _ = _run("directed", "cpu", torch.float16, **opts)
+    errors = _errors(run, ref)
+    assert max(errors.values()) <= FP16_TOL, errors
+
+
+def _star(leaves: int):
+    """A star: node 0 joined both ways to ``leaves`` leaves."""
+    tips = torch.arange(1, leaves + 1)
+    hub = torch.zeros_like(tips)
+    return torch.cat([torch.stack([hub, tips]), torch.stack([tips, hub])], dim=1)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_float16_storage_that_cannot_fit_is_refused(backend, one_thread):
+    """The adjoint of a star with 2e5 leaves (rw, dl/dZ = 1.99, already in [1, 2)): the hub's
+    dl/dx is some 7e4, beyond float16; the backward raises ValueError naming storage_dtype and
+    float16 (before: an Inf gradient, silently), and bfloat16 storage (float32's range)
+    computes it."""
+    ei = _star(200_000)
+    n = ei.max().item() + 1
+    grads = {}
+    for storage_dtype in (torch.float16, torch.bfloat16):
+        layer = dk.FusedImplicitDiffusion(1, mu=3.0, laplacian="rw", backend=backend,
+                                          storage_dtype=storage_dtype, max_iter=30)
+        x = torch.ones(n, 1, requires_grad=True)
+        z = layer(x, ei)
+        if storage_dtype == torch.float16:
+            with pytest.raises(ValueError, match=r"storage_dtype=torch\.float16 overflowed in "
+                                                 r"the adjoint solve.*65504.*bfloat16"):
+                z.backward(torch.full_like(z, 1.99))
+        else:
+            z.backward(torch.full_like(z, 1.99))
+            grads[storage_dtype] = x.grad
+    assert bool(torch.isfinite(grads[torch.bfloat16]).all())
+    assert grads[torch.bfloat16].max() > 65504
 
 
 # ------------------------------------------------------------------- the errors --

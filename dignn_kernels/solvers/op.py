@@ -11,6 +11,23 @@ v = rs.u. Following PyTorch's extension-cpp example, the op is a ``torch.library
 with a fake kernel (so ``torch.compile`` traces the layer whole) and its backward is a second
 custom op, so that it is traced too.
 
+Beyond the first-order backward (issue 43), everything is more calls of the same solve:
+
+- second derivatives: a backward that is itself differentiated (``create_graph=True``,
+  ``torch.func``) does not run the backward op (its adjoint solve and gradient pass are not
+  differentiable) but composes differentiable calls: the adjoint as the solve op on W^T
+  (:func:`_transposed_adjoint`) and the gradient formulas as torch ops
+  (:func:`_weight_gradients`, eq. 13-14 through
+  :func:`~dignn_kernels.backends.pytorch.edge_weights_vjp`); the op is differentiable in the
+  fixed edge values and kappa for that. A plain backward runs the backward op as before;
+- forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``): the tangent
+  dZ = (I + Delta/mu)^-1 (dX - (1/mu) dDelta Z) is one more solve (:func:`_solve_jvp`).
+  A ``torch.library`` op has no forward-mode formula, so eager calls go through an
+  ``autograd.Function`` around it (:class:`_Solve`); ``torch.compile`` (whose Dynamo traces
+  no Function with a jvp) calls the op itself and has no forward mode;
+- ``torch.func.vmap`` (and ``jacrev``, ``jacfwd``, ``hessian``, which batch the solves of
+  the backward and of the tangents): the op's batching rule solves each batch entry.
+
 With a 16-bit ``storage_dtype`` (fixed point, on a backend whose
 :attr:`~dignn_kernels.backends.interface.Backend.storage_dtypes` has it) the iterates of both
 solves, and the z and v the gradient pass gathers, are stored in that dtype (:func:`_stored`);
@@ -32,12 +49,16 @@ from torch import Tensor
 
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
+from ..backends import pytorch as torch_passes
+from ..backends.registration import differentiable_backward
 from ..checks import (check_backend_device, check_flag, check_graph_data, check_int,
                       check_projection_range, check_same_device, check_scalars,
                       check_solve_args, check_tensors)
 from .loops import (ANDERSON_WINDOW, DivergenceWarning, check_every_arg, default_check_every,
                     fixed_point_diverged, solve_adjoint, solve_forward)
-from ..laplacian import check_inverse_mu, coefficient_overflow_message
+from ..csr import csr_rows, transpose_csr
+from ..laplacian import (check_inverse_mu, coefficient_overflow_message, guard_rows,
+                         row_coefficients)
 from .registry import check_solver_storage, get_solver
 from .system import EquilibriumSystem
 
@@ -147,16 +168,23 @@ def _stored(t: Optional[Tensor], storage_dtype: Optional[torch.dtype]) -> Option
 # overflow or lose its terms to underflow in float32 (2^40 n d < 3.4e38; 2^-40 * 2^-40 is far
 # above float32's smallest normal 2^-126 for the differences of a converged solve).
 _UNSCALED = (2.0 ** -20, 2.0 ** 20)
+# With float16 storage the iterates themselves must fit float16 (largest 65504, smallest
+# normal 2^-14): the right-hand side is always brought to max|t| in [1, 2), which leaves the
+# iterates 2^15-fold growth before they overflow and keeps its entries down to 2^-14 max|t|
+# normal. (bfloat16 has float32's exponent range: _UNSCALED holds for it.)
+_UNSCALED_FLOAT16 = (1.0, 2.0)
 
 
-def _rescaling(t: Tensor):
+def _rescaling(t: Tensor, storage_dtype: Optional[torch.dtype] = None):
     """(scale, unscale) for a solve with right-hand side ``t``, or None: powers of two with
     max|t| * scale in [1, 2). The equilibrium (paper eq. 10) and its adjoint are linear in
     their right-hand side, and a power of two scales every iterate, norm and dot product
     exactly, so the solve of t * scale times unscale is the solve of t, bit for bit, except
-    that nothing overflows (features near 1e30 in float32: 1e60 squares) or underflows.
+    that nothing overflows (features near 1e30 in float32: 1e60 squares; float16 iterates
+    past 65504) or underflows.
     On the CPU max|t| is read on the host (free there) and t in the range of ``_UNSCALED``
-    is left as it is; on a device it stays there (0-dim tensors, no sync)."""
+    (``_UNSCALED_FLOAT16`` with float16 storage) is left as it is; on a device it stays there
+    (0-dim tensors, no sync)."""
     if t.numel() == 0 or t.dtype not in (torch.float32, torch.float64):
         return None
     low, high = torch.aminmax(t)  # (a twentieth of vector_norm(ord=inf)'s time on the CPU)
@@ -164,7 +192,8 @@ def _rescaling(t: Tensor):
     limit = 126 if t.dtype == torch.float32 else 1022  # 2^-limit and 2^limit both normal
     if t.device.type == "cpu":
         m = float(amax)
-        if not math.isfinite(m) or m == 0.0 or _UNSCALED[0] <= m <= _UNSCALED[1]:
+        unscaled = _UNSCALED_FLOAT16 if storage_dtype == torch.float16 else _UNSCALED
+        if not math.isfinite(m) or m == 0.0 or unscaled[0] <= m <= unscaled[1]:
             return None
         k = max(-limit, min(limit, math.frexp(m)[1] - 1))
         return 2.0 ** -k, 2.0 ** k
@@ -220,7 +249,7 @@ def _implicit_solve(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tensor, 
     stats = [iterations, residual, relative residual, diverged] (float64, on x's device)."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    rescaling = _rescaling(x)
+    rescaling = _rescaling(x, storage_dtype)
     if rescaling is None:
         return _forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm,
                         diag_index, mu, eps, max_iter, tol, solver, backend, check_every,
@@ -291,16 +320,23 @@ def _implicit_solve_backward(rowptr: Tensor, col: Tensor, edge_value: Tensor, w:
     the z, v the gradient pass reads are in that dtype, the results in x's."""
     if storage_dtype is not None:
         check_backend_storage(backend, storage_dtype)
-    rescaling = _rescaling(grad_z)
-    if rescaling is None:
+    rescaling = _rescaling(grad_z, storage_dtype)
+    # float16 storage: the gradient pass reads z in float16 too, so z (and x, with the same
+    # power of two, for x - z) is brought into its range; dl/dchi, dl/dp and dl/dq are linear
+    # in (x, z) jointly, dl/dx = u does not depend on them
+    z_rescaling = _rescaling(z, storage_dtype) if storage_dtype == torch.float16 else None
+    if rescaling is None and z_rescaling is None:
         return _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
                          diag_index, x, chi, p, q, z, grad_z, mu, eps, max_iter, tol, solver,
                          backend, check_every, window, storage_dtype)
-    scale, unscale = rescaling  # every output is linear in grad_z
-    *grads, stats = _backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
-                              diag_index, x, chi, p, q, z, grad_z * scale, mu, eps, max_iter,
-                              tol, solver, backend, check_every, window, storage_dtype)
-    return (*(g * unscale for g in grads), _unscaled_stats(stats, unscale))
+    scale, unscale = rescaling if rescaling is not None else (1.0, 1.0)  # linear in grad_z
+    z_scale, z_unscale = z_rescaling if z_rescaling is not None else (1.0, 1.0)
+    grad_x, *grads, stats = _backward(
+        rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x * z_scale,
+        chi, p, q, z * z_scale, grad_z * scale, mu, eps, max_iter, tol, solver, backend,
+        check_every, window, storage_dtype)
+    return (grad_x * unscale, *(g * (unscale * z_unscale) for g in grads),
+            _unscaled_stats(stats, unscale))
 
 
 @_implicit_solve_backward.register_fake
@@ -317,33 +353,240 @@ def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x,
             torch.empty(4, dtype=torch.float64, device=x.device))
 
 
+# ------------------------------------------------------------------ derivatives --
+# Positions of the op's differentiable inputs (the backward's gradients, the jvp's tangents);
+# the op takes _OP_ARGS arguments, the eager Function (_Solve) host_checks after them.
+_EDGE_VALUE, _X, _CHI, _P, _Q, _KAPPA = 2, 3, 4, 5, 6, 7
+_OP_ARGS = 21
+
+
 def _solve_setup_context(ctx, inputs, output):
-    (rowptr, col, edge_value, x, chi, p, q, _kappa, t_rowptr, t_col, t_perm, diag_index, mu,
-     eps, max_iter, tol, solver, backend, check_every, window, storage_dtype) = inputs
+    """Saves what the backward and the jvp read; returns it."""
+    (rowptr, col, edge_value, x, chi, p, q, kappa_in, t_rowptr, t_col, t_perm, diag_index, mu,
+     eps, max_iter, tol, solver, backend, check_every, window,
+     storage_dtype) = inputs[:_OP_ARGS]
     z, w, kappa, stats = output
     ctx.mark_non_differentiable(w, kappa, stats)
-    ctx.save_for_backward(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm,
-                          diag_index, x, chi, p, q, z)
+    saved = (rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p,
+             q, z, kappa_in)
+    ctx.save_for_backward(*saved)
     ctx.config = (mu, eps, max_iter, tol, solver, backend, check_every, window, storage_dtype)
     ctx.stats_key = weakref.ref(stats) if type(stats) is torch.Tensor else None
     ctx.neural = p is not None
+    ctx.host_checks = False
+    return saved
 
 
-def _solve_backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
+def _differentiable_weights(rowptr: Tensor, col: Tensor, edge_value: Tensor,
+                            p: Optional[Tensor], q: Optional[Tensor],
+                            kappa_in: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    """(W, kappa) of the solve as torch ops, differentiable in the edge values, p, q and
+    kappa: eq. 13-14 for the neural Laplacian (the plain-PyTorch backend's), else the fixed
+    W with the given kappa or its row sums."""
+    if p is not None:
+        return torch_passes.neural_edge_weights(rowptr, col, edge_value, p, q, eps)
+    if kappa_in is not None:
+        return edge_value, kappa_in
+    rows = csr_rows(rowptr, col.shape[0])
+    return edge_value, edge_value.new_zeros(rowptr.shape[0] - 1).index_add(0, rows, edge_value)
+
+
+def _weight_gradients(rowptr: Tensor, col: Tensor, edge_value: Tensor, p: Optional[Tensor],
+                      q: Optional[Tensor], kappa_in: Optional[Tensor], z: Tensor, u: Tensor,
+                      rs: Tensor, eps: float, with_edge_value: bool):
+    """(dl/d edge_value, dl/dp, dl/dq, dl/dkappa) from the adjoint solution u = dl/dx, as torch
+    ops (differentiable again). With v = rs.u, Z = X + cy.Z + rs.(W Z) (eq. iter) gives
+    dl/dW_ij = v_i . z_j and dl/dkappa_i = -v_i . z_i; where kappa = W 1 (neural, or fixed
+    weights without kappa) dl/dW_ij = v_i . (z_j - z_i), and for the neural Laplacian that
+    goes through eq. 13-14 to a, p and q. None for what does not apply."""
+    rows, cols = csr_rows(rowptr, col.shape[0]), col.long()
+    v = edge_gradient_weights(u, rs)
+    grad_w = (v[rows] * z[cols]).sum(dim=1)
+    grad_kappa = -(v * z).sum(dim=1)
+    if p is not None or kappa_in is None:
+        grad_w = grad_w + grad_kappa[rows]
+    if p is not None:
+        grad_a, grad_p, grad_q = torch_passes.edge_weights_vjp(rowptr, col, edge_value, p, q,
+                                                               eps, grad_w, with_edge_value)
+        return grad_a, grad_p, grad_q, None
+    return grad_w, None, None, grad_kappa if kappa_in is not None else None
+
+
+def _transposed_adjoint(rowptr: Tensor, col: Tensor, w: Tensor, kappa: Tensor, chi: Tensor,
+                        g: Tensor, t_rowptr: Optional[Tensor], t_col: Optional[Tensor],
+                        t_perm: Optional[Tensor], config: tuple) -> Tuple[Tensor, Tensor]:
+    """The adjoint u = (I + Delta^T/mu)^-1 g as a differentiable call of the same solve, and
+    its stats. Delta^T = (K - W^T) R with R = C^-1 (0 on guard rows), so v = R u solves
+    v = R g - (1/mu) R (K - W^T) v: the equilibrium of eq. 10 on W^T with right-hand side
+    R g (guard rows: R g = 0, kept, so v_i = 0), and u = g - (1/mu) (K - W^T) v on every row
+    (on a diffusing row that is chi_i v_i). W^T is the transposed CSR with the values
+    W[t_perm] (also on a symmetric graph, so that each entry's derivative reaches its own
+    edge); its own transpose is the CSR of W."""
+    n, m = chi.shape[0], col.shape[0]
+    if t_rowptr is None:  # a symmetric W: W^T in the CSR of the transpose, itself symmetric
+        t_rowptr, t_col, t_perm = transpose_csr(rowptr, col, n)
+        back = (None, None, None)
+    else:
+        inverse = torch.empty_like(t_perm).scatter_(
+            0, t_perm, torch.arange(m, dtype=t_perm.dtype, device=t_perm.device))
+        back = (rowptr, col, inverse)
+    guard = guard_rows(chi)
+    inv_chi = torch.where(guard, torch.zeros_like(chi),
+                          1.0 / torch.where(guard, torch.ones_like(chi), chi))
+    v, _, _, stats = _Solve.apply(t_rowptr, t_col, w[t_perm], g * inv_chi.unsqueeze(1), chi,
+                                  None, None, kappa, *back, None, *config, False)
+    rows, cols = csr_rows(rowptr, m), col.long()
+    wt_v = v.new_zeros(v.shape).index_add(0, cols, w.unsqueeze(1) * v[rows])  # W^T v
+    return g - (kappa.unsqueeze(1) * v - wt_v) / config[0], stats
+
+
+def _solve_backward(ctx, grad_z, grad_w=None, grad_kappa=None, grad_stats=None):
+    """The backward of the solve (the op's registered formula and the eager Function's): the
+    adjoint solve u = (I + Delta^T/mu)^-1 grad_z and the gradient formulas. A plain backward
+    runs the backward op (the backend's adjoint solve and gradient pass, not
+    differentiable); one that is differentiated again (``create_graph=True``, torch.func, or
+    forward-mode AD through it) composes differentiable calls instead: the adjoint as a solve
+    of the same op on W^T (:func:`_transposed_adjoint`) and the gradient formulas as torch
+    ops (:func:`_weight_gradients`), which gives exact second derivatives."""
     if grad_z is None:
-        return (None,) * 21
-    grad_x, grad_chi, grad_p, grad_q, stats = torch.ops.dignn.implicit_solve_backward(
-        *ctx.saved_tensors, grad_z, *ctx.config)
+        return (None,) * _OP_ARGS
+    saved = ctx.saved_tensors
+    (rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p, q, z,
+     kappa_in) = saved
+    mu, eps, storage_dtype = ctx.config[0], ctx.config[1], ctx.config[-1]
+    needs = ctx.needs_input_grad
+    with_edge = needs[_EDGE_VALUE]
+    with_kappa = needs[_KAPPA] and not ctx.neural and kappa_in is not None
+    if differentiable_backward():
+        w_d, kappa_d = _differentiable_weights(rowptr, col, edge_value, p, q, kappa_in, eps)
+        grad_x, stats = _transposed_adjoint(rowptr, col, w_d, kappa_d, chi, grad_z, t_rowptr,
+                                            t_col, t_perm, ctx.config)
+        rs = row_coefficients(chi, kappa_d, mu)[1]
+        grad_chi = chi_gradient(grad_x, x, z, rs, mu)
+        grad_edge, grad_p, grad_q, grad_kappa_in = _weight_gradients(
+            rowptr, col, edge_value, p, q, kappa_in, z, grad_x, rs, eps, with_edge)
+    else:
+        grad_x, grad_chi, grad_p, grad_q, stats = torch.ops.dignn.implicit_solve_backward(
+            *saved[:14], grad_z, *ctx.config)
+        grad_edge = grad_kappa_in = None
+        if with_edge or with_kappa:  # (only for a caller whose edge values need gradients)
+            rs = row_coefficients(chi, kappa, mu)[1]
+            grad_edge, _, _, grad_kappa_in = _weight_gradients(
+                rowptr, col, edge_value, p, q, kappa_in, z, grad_x, rs, eps, with_edge)
     forward_stats = ctx.stats_key() if ctx.stats_key is not None else None
     if forward_stats is not None:
         _file_backward_stats(forward_stats, stats)
-    if not ctx.neural:
-        grad_p = grad_q = None
-    return (None, None, None, grad_x, grad_chi, grad_p, grad_q) + (None,) * 14
+    if ctx.host_checks and storage_dtype == torch.float16:
+        _check_storage_overflow(stats, storage_dtype, "the adjoint solve of the backward",
+                                dict(grad_z=grad_z, x=x, z=z, chi=chi, edge_value=edge_value,
+                                     p=p, q=q, kappa=kappa))
+    grads = [None] * _OP_ARGS
+    grads[_EDGE_VALUE] = grad_edge if with_edge else None
+    grads[_X], grads[_CHI] = grad_x, grad_chi
+    if ctx.neural:
+        grads[_P], grads[_Q] = grad_p, grad_q
+    grads[_KAPPA] = grad_kappa_in if with_kappa else None
+    return tuple(grads)
+
+
+def _solve_jvp(ctx, *tangents):
+    """The tangent of z (forward-mode AD): differentiating (I + Delta/mu) Z = X gives
+    (I + Delta/mu) dZ = dX - (1/mu) dDelta Z, one more solve of the same op. With
+    Delta Z = mu (X - Z) on diffusing rows and Delta = C^-1 (K - W),
+    -(1/mu) dDelta Z = (dchi/chi) (X - Z) - rs.(dkappa Z - dW Z) (rs = 1/(mu chi), 0 on guard
+    rows, whose z_i = x_i gives dz_i = dx_i); dW from the tangents of a, p, q through
+    eq. 13-14 (dkappa = dW 1) or of the fixed W and kappa. All of it differentiable calls, so
+    the tangent can be differentiated again (torch.func.hessian)."""
+    (rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, diag_index, x, chi, p, q, z,
+     kappa_in) = ctx.saved_tensors
+    mu, eps = ctx.config[0], ctx.config[1]
+    d_edge, dx, dchi, dp, dq, dkappa = (tangents[i] for i in
+                                        (_EDGE_VALUE, _X, _CHI, _P, _Q, _KAPPA))
+    n, m = chi.shape[0], col.shape[0]
+    rows, cols = csr_rows(rowptr, m), col.long()
+    w_d, kappa_d = _differentiable_weights(rowptr, col, edge_value, p, q, kappa_in, eps)
+    rs = row_coefficients(chi, kappa_d, mu)[1]
+    if p is not None:
+        dw = None if d_edge is None and dp is None and dq is None else \
+            torch_passes.edge_weights_jvp(rowptr, col, edge_value, p, q, eps, d_edge, dp, dq)
+        dk = None
+    else:
+        dw, dk = d_edge, dkappa if kappa_in is not None else None
+    if dk is None and dw is not None and (p is not None or kappa_in is None):
+        dk = dw.new_zeros(n).index_add(0, rows, dw)  # kappa = W 1
+    rhs = dx if dx is not None else torch.zeros_like(z)
+    if dchi is not None:
+        rhs = rhs + (mu * rs * dchi).unsqueeze(1) * (x - z)
+    if dw is not None:
+        dw_z = z.new_zeros(z.shape).index_add(0, rows, dw.unsqueeze(1) * z[cols])
+        rhs = rhs + rs.unsqueeze(1) * dw_z
+    if dk is not None:
+        rhs = rhs - (rs * dk).unsqueeze(1) * z
+    dz = _Solve.apply(rowptr, col, w_d, rhs, chi, None, None, kappa_d, t_rowptr, t_col, t_perm,
+                      diag_index, *ctx.config, False)[0]
+    return dz, None, None, None
 
 
 torch.library.register_autograd("dignn::implicit_solve", _solve_backward,
                                 setup_context=_solve_setup_context)
+
+
+class _Solve(torch.autograd.Function):
+    """``dignn::implicit_solve`` as eager calls take it (:func:`implicit_diffusion` outside
+    ``torch.compile``): the op's backward (:func:`_solve_backward`), plus the tangent of
+    forward-mode AD (:func:`_solve_jvp`; a ``torch.library`` op has no forward-mode formula,
+    and Dynamo traces no Function with one, so compiled graphs call the op itself) and the
+    torch.func transforms (vmap through the op's batching rule). Takes the op's arguments and
+    ``host_checks`` (whether the backward may read its stats on the host)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.dignn.implicit_solve(*args[:_OP_ARGS])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        saved = _solve_setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*saved)
+        ctx.host_checks = inputs[_OP_ARGS]
+
+    @staticmethod
+    def backward(ctx, grad_z, grad_w, grad_kappa, grad_stats):
+        return _solve_backward(ctx, grad_z) + (None,)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        return _solve_jvp(ctx, *tangents)
+
+
+def _batch_by_loop(op_name: str, depends: dict) -> None:
+    """Registers the op's batching rule (torch.func.vmap, and jacrev / jacfwd / hessian,
+    which batch the backward's and the jvp's solves): one solve per batch entry, so each
+    keeps its own stopping test, and the outputs stacked. Output k of ``depends`` depends only
+    on the inputs it lists: unbatched when they are (the edge weights of a batch of
+    right-hand sides; nested transforms take them unbatched); the stats (the last output) are
+    those of the worst entry, [most iterations, largest residual, largest relative residual,
+    any diverged], unbatched, so that a caller may still read them on the host."""
+    op = getattr(torch.ops.dignn, op_name)
+
+    def rule(info, in_dims, *args):
+        outs = [op(*(a.select(d, b) if d is not None else a for a, d in zip(args, in_dims)))
+                for b in range(info.batch_size)]
+        *fields, stats = zip(*outs)
+        shared = [k in depends and all(in_dims[i] is None for i in depends[k])
+                  for k in range(len(fields))]
+        return (tuple(f[0] if one else torch.stack(f) for f, one in zip(fields, shared))
+                + (torch.stack(stats).amax(0),),
+                tuple(None if one else 0 for one in shared) + (None,))
+
+    torch.library.register_vmap(f"dignn::{op_name}", rule)
+
+
+# (w and kappa: of the edge values, p, q and the given kappa alone)
+_batch_by_loop("implicit_solve", {1: (_EDGE_VALUE, _P, _Q),
+                                  2: (_EDGE_VALUE, _P, _Q, _KAPPA)})
+_batch_by_loop("implicit_solve_backward", {})
 
 
 # ------------------------------------------------------------------ the entry point --
@@ -383,13 +626,25 @@ def resolve_solver(solver: str, symmetric: bool) -> str:
     return solver
 
 
+def _vmapped(t: Tensor) -> bool:
+    """Whether ``t`` is batched by torch.func.vmap at some level of the functorch wrappers
+    around it (its values then differ per batch entry: none can be read as one)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
+
+
 def host_reads_allowed(x: Tensor) -> bool:
     """Whether a value of ``x``'s device may be read on the host now: not while tracing for
-    torch.compile, not while a CUDA graph is being captured. ``is_compiling`` comes first, so
-    that Dynamo never traces the capture query (it cannot, and fullgraph=True would fail)."""
+    torch.compile, not while a CUDA graph is being captured, not of a tensor batched by
+    torch.func.vmap. ``is_compiling`` comes first, so that Dynamo never traces the capture
+    query (it cannot, and fullgraph=True would fail)."""
     if torch.compiler.is_compiling():
         return False
-    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing()) and not _vmapped(x)
 
 
 def _nonfinite_inputs(inputs: dict) -> list:
@@ -404,14 +659,39 @@ def _nonfinite_inputs(inputs: dict) -> list:
     return found
 
 
+def _storage_overflow_message(storage_dtype: torch.dtype, what: str) -> str:
+    big = torch.finfo(storage_dtype).max
+    return (f"storage_dtype={storage_dtype} overflowed in {what}: its iterates, stored in "
+            f"{storage_dtype} (largest value {big:g}), are not finite although every input "
+            f"is. The solve first scales its right-hand side by a power of two to a largest "
+            f"magnitude in [1, 2) (exact: the equilibrium is linear in it), so the iterates "
+            f"grew more than {big / 2:g}-fold: a fixed point that diverges (mu below "
+            f"lambda_max(Delta)) or a solution beyond {storage_dtype}'s range. Use "
+            f"storage_dtype=torch.bfloat16 (float32's range) or None, or raise mu.")
+
+
+def _check_storage_overflow(stats: Tensor, storage_dtype: Optional[torch.dtype], what: str,
+                            inputs: dict) -> None:
+    """A ValueError naming ``storage_dtype`` where a solve whose iterates it stores ended
+    with a residual that is not finite from finite ``inputs`` (name -> tensor, read only
+    then): the iterates overflowed the storage dtype (float16; bfloat16 has float32's range).
+    Reads the stats on the host."""
+    if storage_dtype != torch.float16 or math.isfinite(float(stats[1])):
+        return
+    if not _nonfinite_inputs(inputs):
+        raise ValueError(_storage_overflow_message(storage_dtype, what))
+
+
 def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
                      stacklevel: int = 3, inputs: Optional[dict] = None,
-                     coefficients: Optional[Tuple[Tensor, Tensor]] = None) -> None:
+                     coefficients: Optional[Tuple[Tensor, Tensor]] = None,
+                     storage_dtype: Optional[torch.dtype] = None) -> None:
     """Reads a solve's stats on the host and warns (:class:`DivergenceWarning`) when it
     diverged or ended no better than it started: naming the inputs that hold NaN or Inf
     (``inputs``: name -> tensor, read only then), else naming mu. With ``coefficients``
     (chi, kappa) a ValueError names mu where the row coefficients 1/(mu chi), kappa/(mu chi)
-    overflow the compute dtype; a residual that overflowed from finite inputs names x."""
+    overflow the compute dtype; a residual that overflowed from finite inputs names x, or,
+    with float16 ``storage_dtype``, is a ValueError naming the storage dtype."""
     iterations, residual, relative, diverged = stats.tolist()
     failed = (diverged and solver == "fixed_point") or (
         solver != "fixed_point" and (diverged or (relative > 1.0 and relative > tol))) or \
@@ -431,6 +711,8 @@ def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
         message = coefficient_overflow_message(*coefficients, mu)
         if message is not None:
             raise ValueError(message)
+    if storage_dtype == torch.float16 and not math.isfinite(residual):
+        raise ValueError(_storage_overflow_message(storage_dtype, f"the {solver} solve"))
     # cg's SPD system converges for every mu > 0: a residual that is not finite from finite
     # inputs is an overflow (the fixed point and Anderson may also have diverged: mu is named)
     if solver == "cg" and not math.isfinite(residual) and inputs is not None and "x" in inputs:
@@ -472,7 +754,11 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        trusted: bool = False,
                        storage_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 10), differentiable in
-    x, chi, p and q by implicit differentiation.
+    x, chi, p and q (and in fixed edge values and kappa) by implicit differentiation: in
+    reverse mode to any order (``create_graph=True``: second derivatives, Hessian-vector
+    products), in forward mode (``torch.func.jvp``, ``torch.autograd.forward_ad``; not
+    under ``torch.compile``) and under ``torch.func.vmap`` / ``jacrev`` / ``jacfwd`` /
+    ``hessian``.
 
     The fixed point stops once ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F; ``cg`` and ``anderson``
     once ||X - Z - Delta Z/mu||_F <= tol ||X||_F (the backward: the adjoint's residual
@@ -516,9 +802,13 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
             dtype (the last iteration, computed from the last stored iterate, is kept wide)
             while every sum accumulates in x's dtype (float32 or float64); p, q, w, kappa,
             chi, the row coefficients and the convergence norms stay wide, and z and the
-            gradients come back in x's dtype. Fixed point only, on a backend that supports it
-            (:func:`dignn_kernels.backends.storage_backends`: all four built in); with
-            ``backend=None`` the first of them available on x's device.
+            gradients come back in x's dtype. With float16 (largest value 65504) the
+            right-hand side of each solve is scaled by a power of two to a largest magnitude
+            in [1, 2) (exact), and iterates that overflow float16 all the same raise a
+            ValueError naming storage_dtype (where the host may be read). Fixed point only,
+            on a backend that supports it (:func:`dignn_kernels.backends.storage_backends`:
+            all four built in); with ``backend=None`` the first of them available on x's
+            device.
 
     Returns:
         (z, stats): Z in x's dtype, and stats = [iterations, residual, relative residual,
@@ -528,7 +818,8 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     Raises:
         ValueError: a bad argument, named with the fix (an unknown solver or backend, a
             storage_dtype the solver or backend does not take, a bad scalar, a graph that
-            fails its check, mu whose 1/mu overflows x's dtype).
+            fails its check, mu whose 1/mu overflows x's dtype); float16 storage whose
+            iterates overflow it (also from the backward).
         TypeError: an argument that is not a tensor where one is needed.
         RuntimeError: a backend that does not run on x's device.
 
@@ -541,6 +832,16 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
         ...                                  solver="cg", max_iter=50, tol=1e-12)
         >>> z.shape, bool(stats[2] <= 1e-12)
         (torch.Size([3, 3]), True)
+
+        Second derivatives: a Hessian-vector product by double backward.
+
+        >>> xr = x.clone().requires_grad_()
+        >>> z, _ = dk.implicit_diffusion(g.rowptr, g.col, w, xr, chi, kappa=kappa, mu=2.2,
+        ...                              solver="cg", max_iter=50, tol=1e-12)
+        >>> (gx,) = torch.autograd.grad(z.square().sum(), xr, create_graph=True)
+        >>> (hv,) = torch.autograd.grad(gx.sum(), xr)
+        >>> hv.shape
+        torch.Size([3, 3])
     """
     check_tensors(rowptr=rowptr, col=col, edge_value=edge_value, x=x, chi=chi)
     check_flag("trusted", trusted)
@@ -570,13 +871,16 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
     check_inverse_mu(float(mu), x.dtype)  # (the ValueError naming mu; no host read)
     if host_checks and p is not None:
         check_projection_range(p)  # (one read of max|p|, where the host may be read)
-    z, _, kappa_out, stats = torch.ops.dignn.implicit_solve(
-        rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
-        float(mu), float(eps), max_iter, float(tol), solver, backend,
-        -1 if check_every is None else check_every, window, storage_dtype)
+    args = (rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_perm, diag_index,
+            float(mu), float(eps), max_iter, float(tol), solver, backend,
+            -1 if check_every is None else check_every, window, storage_dtype)
+    if torch.compiler.is_compiling():
+        z, _, kappa_out, stats = torch.ops.dignn.implicit_solve(*args)
+    else:  # the op with forward-mode AD and the torch.func transforms (see _Solve)
+        z, _, kappa_out, stats = _Solve.apply(*args, host_checks)
     if host_checks:  # (the inputs are read only where the solve failed)
         warn_if_diverged(stats, solver, mu, tol,
                          inputs=dict(x=x, chi=chi, edge_value=edge_value, p=p, q=q,
                                      kappa=kappa),
-                         coefficients=(chi, kappa_out))
+                         coefficients=(chi, kappa_out), storage_dtype=storage_dtype)
     return z, stats
