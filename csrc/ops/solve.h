@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "ops/checks.h"
+#include "ops/interrupt.h"
 #include "ops/passes.h"
 #include "ops/storage.h"
 
@@ -47,16 +48,19 @@ inline double checked_inverse_mu(double mu, at::ScalarType dtype) {
 
 // Iterations t = 2..max_iter of a solve from Y_0 = 0 (iteration 1, Y_1 = B, is the caller's):
 // `step(t)` writes Y_t to y.next from y.current and records its residual. The loop ends early
-// when the residual says so (only where the backend reads it on the host, see passes.h).
-// Returns the last iteration it ran (1 if none).
+// when the residual says so (only where the backend reads it on the host, see passes.h), and
+// a Ctrl-C ends it between iterations (csrc/ops/interrupt.h: the exception unwinds the op,
+// whose outputs are dropped). Returns the last iteration it ran (1 if none).
 template <typename Residual, typename Step>
 int64_t fixed_point_iterations(const Residual& residual, int64_t max_iter, Iterates& y,
                                Step&& step) {
+  InterruptPoll interrupt;
   int64_t last = 1;
   for (int64_t t = 2; t <= max_iter && !residual.stopped(); ++t) {
     step(t);
     y.advance();
     last = t;
+    interrupt.poll();
   }
   return last;
 }

@@ -13,7 +13,7 @@ from ..checks import check_int
 from ..solver_state import ACCEPT, DIVERGED, DONE, RESIDUAL, SWEEPS
 from .anderson_update import anderson_state, anderson_vectors_for
 from .common import (Reduce, SolveResult, check_every_arg, finish_solve, global_norm,
-                     global_sum, start_solve)
+                     global_sum, history_slot, start_solve)
 from .registry import register_solver
 
 __all__ = ["ANDERSON_WINDOW", "anderson", "solve"]
@@ -65,7 +65,8 @@ def anderson(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int, to
         gy_new = step(y_new)
         slot, count = (k - 1) % m, min(k, m)
         f_new, sums = vectors.record(gy_new, y_new, f, gy, d_f, d_g, slot, count)
-        vectors.finish(global_sum(sums, reduce), count, slot, gram, proj, state, history, k)
+        vectors.finish(global_sum(sums, reduce), count, slot, gram, proj, state, history,
+                       history_slot(history, k))
         if callback is not None:
             callback(k + 1)
         # An iteration that is not accepted ends the solve (done or diverged): what the later

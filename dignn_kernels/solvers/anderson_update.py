@@ -161,9 +161,10 @@ class AndersonVectors:
                history: Tensor, k: int) -> None:
         """The bookkeeping of iteration k from the (global) sums of :meth:`record`, in place on
         the device: the Gram matrix's row and column ``slot``, the next right-hand side's first
-        ``count`` rows, the relative residual into history[k] and, if the solve was live, the
-        iteration counted, a finite residual kept and its iterate accepted, a non-finite one
-        flagged as divergence; then done once diverged or the residual meets the target."""
+        ``count`` rows, the relative residual into history[k] (the loop's
+        :func:`~.common.history_slot` of k) and, if the solve was live, the iteration counted, a
+        finite residual kept and its iterate accepted, a non-finite one flagged as divergence;
+        then done once diverged or the residual meets the target."""
         column = sums[1:1 + count].t()
         gram[:, :count, slot] = column
         gram[:, slot, :count] = column

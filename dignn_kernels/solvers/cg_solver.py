@@ -25,7 +25,7 @@ from torch import Tensor
 from ..solver_state import DIVERGED, DONE, RESIDUAL, SWEEPS
 from .cg_update import CGState, cg_flags, cg_update_for
 from .common import (Reduce, SolveResult, check_every_arg, finish_solve, global_norm,
-                     global_sum, start_solve)
+                     global_sum, history_slot, start_solve)
 from .registry import register_solver
 
 __all__ = ["conjugate_gradient", "solve"]
@@ -87,7 +87,8 @@ def conjugate_gradient(apply: Callable[[Tensor], Tensor], rhs: Tensor, inv_diago
             else:
                 delta = global_sum(product(state.u, w, done), reduce)
             update.step(state, w, delta, done)
-            update.finish(state, global_sum(state.reduction(), reduce), flags, history, k)
+            update.finish(state, global_sum(state.reduction(), reduce), flags, history,
+                          history_slot(history, k))
             if callback is not None:
                 callback(k)
             if check_every and k % check_every == 0 and bool(flags[DONE]):

@@ -140,9 +140,10 @@ class TorchCGUpdate:
     @staticmethod
     def finish(state: CGState, sums: Tensor, flags: Tensor, history: Tensor, k: int) -> None:
         """The bookkeeping of iteration k from the (global) sums of :meth:`CGState.reduction`,
-        in place on the device: the new gamma, the relative residual into history[k] and, if
-        the solve was live, the iteration counted, the residual kept, a non-finite one flagged
-        as divergence; then done once diverged or the residual meets the target."""
+        in place on the device: the new gamma, the relative residual into history[k] (the
+        loop's :func:`~.common.history_slot` of k) and, if the solve was live, the iteration
+        counted, the residual kept, a non-finite one flagged as divergence; then done once
+        diverged or the residual meets the target."""
         state.take_gamma(sums)
         res = _residual_norm(sums)
         history[k] = res / flags[REF_SAFE]

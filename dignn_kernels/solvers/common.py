@@ -10,12 +10,19 @@ from torch import Tensor
 
 from ..checks import check_int
 
-__all__ = ["DivergenceWarning", "SolveResult", "Reduce", "check_every_arg", "global_sum",
-           "global_norm", "row_sq", "weighted_sq", "start_solve", "finish_solve"]
+__all__ = ["DivergenceWarning", "SolveResult", "Reduce", "HISTORY_LENGTH", "check_every_arg",
+           "global_sum", "global_norm", "row_sq", "weighted_sq", "start_solve", "empty_history",
+           "history_slot", "finish_solve"]
 
 # Sums per-process partial sums over the processes of a partitioned solve (an all-reduce that
 # stays on the device); None: one process holds every row.
 Reduce = Optional[Callable[[Tensor], Tensor]]
+
+#: The most entries a solve's :attr:`SolveResult.history` keeps: the relative residuals of
+#: its first HISTORY_LENGTH sweeps, whatever ``max_iter`` is (80 KB of float64), so that no
+#: allocation grows with ``max_iter``. Later sweeps still count in the stats; the last one's
+#: residual is :attr:`SolveResult.relative`.
+HISTORY_LENGTH = 10_000
 
 
 class DivergenceWarning(RuntimeWarning):
@@ -37,11 +44,11 @@ class SolveResult:
 
     ``history[k]`` is the relative residual of the iterate that k CSR sweeps produced (NaN
     where unknown or past the end; fixed point: of the sweep k + 1, ||Z_{k+2} - Z_{k+1}|| over
-    ||Z_{k+2}||); ``sweeps`` counts the sweeps done before convergence; ``residual`` and
-    ``relative`` describe the returned solution (fixed point: the last difference
-    ||Z_K - Z_{K-1}|| and that over ||Z_K||, the paper's stopping test);
-    ``diverged`` flags a fixed point that broke its divergence certificate or a non-finite
-    residual."""
+    ||Z_{k+2}||), for k below min(max_iter + 1, :data:`HISTORY_LENGTH`); ``sweeps`` counts
+    the sweeps done before convergence; ``residual`` and ``relative`` describe the returned
+    solution (fixed point: the last difference ||Z_K - Z_{K-1}|| and that over ||Z_K||, the
+    paper's stopping test); ``diverged`` flags a fixed point that broke its divergence
+    certificate or a non-finite residual."""
 
     solution: Tensor
     history: Tensor
@@ -158,26 +165,71 @@ def start_solve(rhs: Tensor, max_iter: int, ref: Optional[Tensor] = None,
 
     Args:
         rhs: the right-hand side.
-        max_iter: the solve's most sweeps (the history has one entry more).
+        max_iter: the solve's most sweeps (the history keeps one entry more, up to
+            :data:`HISTORY_LENGTH`).
         ref: the reference norm, if not ||rhs||_F.
         reduce: the system's ``reduce``, None on one process.
 
     Returns:
         (ref, ref_safe, history): the reference norm (float64), it kept away from 0 for the
-        divisions, and the history of relative residuals, NaN so far.
+        divisions, and the history of relative residuals, NaN so far: the
+        min(max_iter + 1, HISTORY_LENGTH) entries :func:`finish_solve` returns, then one
+        that takes the entries of the sweeps past them (:func:`history_slot`), so that the
+        loops and kernels write every sweep's entry without a test of their own.
 
     Example:
         >>> import torch
         >>> from dignn_kernels.solvers.common import start_solve
         >>> ref, ref_safe, history = start_solve(torch.zeros(2, 1), max_iter=3)
         >>> float(ref), bool(ref_safe > 0), history.shape
-        (0.0, True, torch.Size([4]))
+        (0.0, True, torch.Size([5]))
+        >>> start_solve(torch.zeros(2, 1), max_iter=10**9)[2].shape  # not 8 GB
+        torch.Size([10001])
     """
-    dev = rhs.device
     ref = global_norm(rhs, reduce) if ref is None else ref.double()
     ref_safe = ref.clamp_min(torch.finfo(torch.float64).tiny)
-    history = torch.full((max_iter + 1,), math.nan, dtype=torch.float64, device=dev)
-    return ref, ref_safe, history
+    return ref, ref_safe, empty_history(max_iter, rhs.device)
+
+
+def empty_history(max_iter: int, device: torch.device) -> Tensor:
+    """The history of :func:`start_solve` before the solve: NaN.
+
+    Args:
+        max_iter: the solve's most sweeps.
+        device: the solve's device.
+
+    Returns:
+        min(max_iter + 1, HISTORY_LENGTH) + 1 float64 NaN.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import empty_history
+        >>> empty_history(2, torch.device("cpu")).tolist()
+        [nan, nan, nan, nan]
+    """
+    return torch.full((min(max_iter + 1, HISTORY_LENGTH) + 1,), math.nan, dtype=torch.float64,
+                      device=device)
+
+
+def history_slot(history: Tensor, k: int) -> int:
+    """Where a solve's entry k goes in the history of :func:`start_solve`: k while it is kept,
+    else the last slot, which :func:`finish_solve` drops.
+
+    Args:
+        history: the history of :func:`start_solve`.
+        k: the entry (a sweep count).
+
+    Returns:
+        The index to write.
+
+    Example:
+        >>> import torch
+        >>> from dignn_kernels.solvers.common import history_slot, start_solve
+        >>> history = start_solve(torch.ones(2, 1), max_iter=3)[2]
+        >>> history_slot(history, 2), history_slot(history, 7)
+        (2, 4)
+    """
+    return min(k, history.numel() - 1)
 
 
 def finish_solve(solution, rhs, history, sweeps, residual, ref_safe, diverged, valid_upto):
@@ -186,7 +238,8 @@ def finish_solve(solution, rhs, history, sweeps, residual, ref_safe, diverged, v
     Args:
         solution: the solution (``rhs`` itself is copied: the caller owns its result).
         rhs: the right-hand side.
-        history: the relative residuals; NaN from ``valid_upto`` on.
+        history: the relative residuals of :func:`start_solve`; NaN from ``valid_upto`` on
+            (its last slot dropped).
         sweeps: the sweeps done (0-dim tensor).
         residual: the final residual (0-dim float64).
         ref_safe: the reference norm of :func:`start_solve`.
@@ -206,6 +259,7 @@ def finish_solve(solution, rhs, history, sweeps, residual, ref_safe, diverged, v
         >>> out.solution is rhs, float(out.relative)
         (False, 1.0)
     """
+    history = history[:-1]
     positions = torch.arange(history.numel(), device=history.device)
     history = torch.where(positions < valid_upto, history, torch.nan)
     if solution is rhs:

@@ -24,8 +24,8 @@ from torch import Tensor
 from ..laplacian import guard_rows, node_mass
 from ..solver_state import (DIVERGED, DONE, FIXED_POINT_STATE, FP_BOUND, FP_RELATIVE, FP_TINY,
                             FP_TOL, RESIDUAL, SWEEPS, record_iteration, state_of)
-from .common import (Reduce, SolveResult, check_every_arg, finish_solve, global_norm,
-                     global_sum, row_sq, start_solve, weighted_sq)
+from .common import (Reduce, SolveResult, check_every_arg, empty_history, finish_solve,
+                     global_norm, global_sum, history_slot, row_sq, start_solve, weighted_sq)
 from .registry import register_solver
 
 __all__ = ["fixed_point", "fixed_point_update", "fixed_point_diverged", "solve"]
@@ -41,6 +41,7 @@ def fixed_point_update(state: Tensor, history: Tensor, k: int, res: Tensor, size
     """The bookkeeping of sweep ``k`` of :func:`fixed_point`, in place on the device: from
     the sweep's ||y_{k+1} - y_k|| (``res``), ||y_{k+1}|| (``size``) and certificate norm
     sum_i c_i ||y_{k+1,i}||^2 (``weighted``), the relative residual into history[k - 1]
+    (past the kept entries the loop names the last slot, :func:`.common.history_slot`)
     and, if the solve was still live, the sweep counted, the residuals kept, divergence
     (a non-finite residual or the certificate's bound broken) flagged; then done once
     diverged or res <= tol * size. Returns whether the sweep's iterate is accepted (live and
@@ -101,9 +102,12 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
         y = buffers[1]
     if not (check_every == 1 and bool(state[DONE])):  # (a host read: the CPU default only)
         for k in range(1, max_iter):
+            # sweep k's entry is history[k - 1]; past the kept entries, the slot dropped at the
+            # end (common.history_slot): the bookkeeping is told that slot + 1 for its k
+            entry = history_slot(history, k - 1) + 1
             if row_step is not None:
                 y_next = buffers[(k - 1) % 2]
-                row_step(y, y_next, state, history, k)
+                row_step(y, y_next, state, history, entry)
                 y = y_next  # once done, the sweeps leave both buffers as they are
             else:
                 y_next = step(y)
@@ -112,7 +116,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
                 size = global_sum(rows.sum(), reduce).sqrt()
                 weighted = weighted_sq(y_next, certificate, reduce, rows) \
                     if certificate is not None else zero
-                accept = fixed_point_update(state, history, k, res, size, weighted)
+                accept = fixed_point_update(state, history, entry, res, size, weighted)
             if callback is not None:
                 callback(k)
             if row_step is None and check_every == 1:  # every sweep starts live here
@@ -176,11 +180,11 @@ def _wide_last_iteration(wide_step: Callable[[Tensor], Tensor], rhs: Tensor, out
     res, size = global_norm(z - y, reduce), global_norm(z, reduce)
     rel = res / size.clamp_min(torch.finfo(torch.float64).tiny)
     keep = out.diverged
-    history = torch.full((max_iter + 1,), math.nan, dtype=torch.float64, device=rhs.device)
+    history = empty_history(max_iter, rhs.device)  # its last slot takes an entry past the end
     history[: out.history.numel()] = out.history
-    history.index_copy_(0, out.sweeps.reshape(1),
-                        torch.where(keep, history[out.sweeps], rel).reshape(1))
-    result = SolveResult(torch.where(keep, y, z), history, out.sweeps + (~keep).long(),
+    at = out.sweeps.clamp_max(history.numel() - 1).reshape(1)  # (on the device)
+    history.index_copy_(0, at, torch.where(keep, history[at], rel.reshape(1)))
+    result = SolveResult(torch.where(keep, y, z), history[:-1], out.sweeps + (~keep).long(),
                          torch.where(keep, out.residual, res),
                          torch.where(keep, out.relative, rel),
                          out.diverged | ~torch.isfinite(res))

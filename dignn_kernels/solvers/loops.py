@@ -18,6 +18,10 @@ What every solver does the same way:
   sweeps (0: never, a fixed ``max_iter`` sweeps); once converged, later sweeps leave the
   iterate unchanged, so the result does not depend on ``check_every``. That is what lets a
   solve run under CUDA graph capture.
+- Nothing a solve allocates grows with ``max_iter``: its history keeps the relative residuals
+  of the first :data:`HISTORY_LENGTH` sweeps (:func:`.common.start_solve`). Every loop returns
+  to Python after each sweep, so Ctrl-C ends a solve there with a KeyboardInterrupt; the
+  compiled backends' fused loop checks for it a few times a second (csrc/ops/interrupt.h).
 - On a partitioned graph (:mod:`dignn_kernels.distributed`) each process holds some rows; the
   system's ``reduce`` (an all-reduce on the device) turns every partial norm and dot product
   into the global one, so that all processes take the same steps and stop together. With
@@ -28,16 +32,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .common import DivergenceWarning, SolveResult, check_every_arg
+from .common import HISTORY_LENGTH, DivergenceWarning, SolveResult, check_every_arg
 from .registry import check_solver_storage, get_solver, solver_names
 # the built-in solvers, registered in this order (SOLVERS and the messages that list them)
 from .fixed_point_solver import fixed_point, fixed_point_diverged, fixed_point_update
 from .cg_solver import conjugate_gradient
 from .anderson_solver import ANDERSON_WINDOW, anderson
 
-__all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult", "fixed_point",
-           "fixed_point_update", "conjugate_gradient", "anderson", "solve_forward",
-           "solve_adjoint", "default_check_every", "check_every_arg", "fixed_point_diverged"]
+__all__ = ["SOLVERS", "ANDERSON_WINDOW", "HISTORY_LENGTH", "DivergenceWarning", "SolveResult",
+           "fixed_point", "fixed_point_update", "conjugate_gradient", "anderson",
+           "solve_forward", "solve_adjoint", "default_check_every", "check_every_arg",
+           "fixed_point_diverged"]
 
 #: The built-in solvers' names, registered by the imports above: what the layer's
 #: ``solver=`` takes (and any solver registered with :func:`~.registry.register_solver`).
