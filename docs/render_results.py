@@ -404,8 +404,10 @@ def _error(value):
 
 
 def _peer_rows(d, graph):
-    """The table rows of one graph of a bench/peers/peers.py record: time and memory against the
-    fastest and the leanest of this layer's backends in the same run."""
+    """The table rows of one graph of a bench/peers/peers.py record: time and memory against
+    the fastest and the leanest of this layer's backends in the same run. The memory is the
+    step's peak plus what each peer keeps between steps where the record counts it (schema 2),
+    the step's peak alone in older records."""
     results = [r for r in d["results"] if r["graph"] == graph]
     ours = [r for r in results if r["peer"].startswith("dignn-") and r.get("status") == "ok"]
     times = [(r.get("time") or {}).get("median_ms") for r in ours]
@@ -415,16 +417,41 @@ def _peer_rows(d, graph):
     rows = []
     for r in results:
         t, m, a = r.get("time") or {}, r.get("memory") or {}, r.get("accuracy") or {}
-        ms, peak = t.get("median_ms"), m.get("peak_bytes")
+        ms, peak, kept = t.get("median_ms"), m.get("peak_bytes"), m.get("cached_bytes")
         grads = [v for k, v in a.items() if k.startswith("grad_") and v is not None]
         status = r.get("status", NOT_RECORDED)
-        rows.append([graph, PEER_LABELS.get(r["peer"], r["peer"].replace("dignn-", "this layer, ")),
+        rows.append([graph, _peer_label(r["peer"]),
                      f"{ms:,.1f}" if ms else "-", f"{ms / best:.1f}x" if ms and best else "-",
                      f"{peak / 2**20:,.0f}" if peak else "-",
+                     (f"{kept / 2**20:,.1f}" if kept is not None else "not counted")
+                     if peak else "-",
                      f"{peak / best_mem:.1f}x" if peak and best_mem else "-",
                      _error(a.get("z")) if a.get("z") is not None else "-",
                      _error(max(grads)) if grads else "-", "ok" if status == "ok" else status])
     return rows
+
+
+def _peer_label(peer, solver=None):
+    label = PEER_LABELS.get(peer, peer.replace("dignn-", "this layer, "))
+    if solver and peer.startswith("dignn-"):
+        label += ", " + SOLVER_LABELS.get(solver, solver)
+    return label
+
+
+def _device_of(d):
+    machine = d.get("machine") or {}
+    device = machine.get("device") or NOT_RECORDED
+    threads = machine.get("threads")
+    if device == "cpu":
+        device = f"{machine.get('cpu') or 'unnamed'} CPU"
+        if threads:
+            device += f", {threads} thread{'s' if threads != 1 else ''}"
+    return device
+
+
+def _peers_provenance(rel, d):
+    return _prov_line(rel, _device_of(d), (d.get("commit") or NOT_RECORDED)[:7],
+                      (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command")))
 
 
 def peers():
@@ -433,17 +460,13 @@ def peers():
     graphs, oracle, gather floor and goals."""
     parts, prov = [], []
     for rel, d in _peer_records():
-        machine = d.get("machine") or {}
-        device = machine.get("device") or NOT_RECORDED
-        threads = machine.get("threads")
-        if device == "cpu":
-            device = f"{machine.get('cpu') or 'unnamed'} CPU"
-            if threads:
-                device += f", {threads} thread{'s' if threads != 1 else ''}"
+        device = _device_of(d)
         rows = [row for graph in d.get("graphs", {}) for row in _peer_rows(d, graph)]
         table = _table(["graph", "peer", "ms fwd+bwd", "time / this layer", "peak MB",
-                        "memory / this layer", "Z error", "worst gradient error", "status"],
-                       rows, ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+                        "of it kept between steps, MB", "memory / this layer", "Z error",
+                        "worst gradient error", "status"],
+                       rows, ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:",
+                              "---:", "---"])
         notes = []
         settings = d.get("settings") or {}
         apps = 2 * settings.get("timed_applications", 10)
@@ -453,12 +476,142 @@ def peers():
                          f"{', directed' if g.get('directed') else ''}; oracle: "
                          f"{g.get('oracle') or 'none'}; the {apps} applications of a timed "
                          f"step gather at least {floor / 1e9:.2f} GB of neighbour rows")
+            product = g.get("product") or {}
+            if product.get("used"):
+                notes[-1] += (f"; the PyG and torchdeq peers' sparse product: "
+                              f"`{product['used']}` ({product.get('why', NOT_RECORDED)})")
+        if not any((r.get("memory") or {}).get("cached_bytes") is not None
+                   for r in d.get("results", [])):
+            notes.append("- memory: the step's peak alone; what each peer keeps between steps "
+                         "(this layer's cached graph, the PyG peers' coalesced edges) is not "
+                         "counted in this record")
         goals = [line[len("goal "):] for line in d.get("summary", []) if line.startswith("goal")]
         if goals:
             notes.append("- goals, as the record states them: " + "; ".join(goals))
         parts += [f"**`{rel}`** ({device}):", table, "\n".join(notes)]
-        prov.append(_prov_line(rel, device, (d.get("commit") or NOT_RECORDED)[:7],
-                               (d.get("date") or NOT_RECORDED)[:10], _argv(d.get("command"))))
+        prov.append(_peers_provenance(rel, d))
+    return "\n\n".join(parts + [_provenance_block(prov)])
+
+
+SOLVER_LABELS = {"fixed_point": "fixed point", "cg": "cg", "anderson": "Anderson",
+                 "unrolled": "unrolled"}
+
+
+def peers_tolerance():
+    """The peers to a relative residual of 1e-6, forward and adjoint: a table per
+    bench/peers/peers.py record that ran its tolerance pass, each peer's iterations, the
+    residuals it reached (measured alike for all) and its forward and backward time against
+    this layer's fastest solver on the same graph."""
+    parts, prov = [], []
+    for rel, d in _peer_records():
+        rows = []
+        for graph in d.get("graphs", {}):
+            results = [r for r in d["results"] if r["graph"] == graph]
+            runs = [dict(run, peer=r["peer"]) for r in results
+                    for run in (r.get("tolerance") or {}).get("runs", [])]
+            timed = [run for run in runs if run.get("median_ms")]
+            ours = [run["median_ms"] for run in timed if run["peer"].startswith("dignn-")]
+            best = min(ours, default=None)
+            for run in runs:
+                ms = run.get("median_ms")
+                residuals = "-" if run.get("residual_forward") is None else (
+                    f"{run['residual_forward']:.1e} / " + _error(run.get("residual_adjoint")))
+                iters = "-" if run.get("iterations_forward") is None else \
+                    f"{run['iterations_forward']} + {run['iterations_adjoint']}"
+                status = run.get("status", NOT_RECORDED)
+                if status == "ok":
+                    status = "reached" if run.get("reached") else run.get("note", "not reached")
+                rows.append([graph, _peer_label(run["peer"]),
+                             SOLVER_LABELS.get(run.get("solver"), run.get("solver") or "-"),
+                             iters, residuals,
+                             f"{run['forward_ms']:,.1f}" if ms else "-",
+                             f"{run['backward_ms']:,.1f}" if ms else "-",
+                             f"{ms:,.1f}" if ms else "-",
+                             f"{ms / best:.1f}x" if ms and best else "-", status])
+        if not rows:
+            continue
+        table = _table(["graph", "peer", "solver", "iterations fwd + adjoint",
+                        "residual reached fwd / adjoint", "ms forward", "ms backward",
+                        "ms fwd+bwd", "time / this layer's fastest", "reached 1e-6"],
+                       rows, ["---", "---", "---", "---:", "---:", "---:", "---:", "---:",
+                              "---:", "---"])
+        stops = {}  # stopping rule -> the peers (and solvers) it stopped
+        for r in d["results"]:
+            for run in (r.get("tolerance") or {}).get("runs", []):
+                stop = (run.get("settings") or {}).get("stop")
+                if stop:
+                    who = _peer_label(r["peer"]).split(",")[0]
+                    if r["peer"].startswith("dignn-"):
+                        who += " " + SOLVER_LABELS.get(run["solver"], run["solver"])
+                    if who not in stops.setdefault(stop, []):
+                        stops[stop].append(who)
+        notes = ["- stopping rules, each set to 1e-6: " + "; ".join(
+            f"{' and '.join(who)}: {stop}" for stop, who in stops.items())] if stops else []
+        channels = (d.get("settings") or {}).get("channels", 64)
+        for graph, g in d.get("graphs", {}).items():
+            runs = [run for r in d["results"] if r["graph"] == graph
+                    and r["peer"].startswith("dignn-")
+                    for run in (r.get("tolerance") or {}).get("runs", [])
+                    if run.get("median_ms")]
+            if not runs:
+                continue
+            fast = min(runs, key=lambda run: run["median_ms"])
+            sweeps = fast["iterations_forward"] + fast["iterations_adjoint"]
+            notes.append(f"- {graph}: the {sweeps} sweeps of this layer's fastest solver "
+                         f"({SOLVER_LABELS.get(fast['solver'], fast['solver'])}) gather at "
+                         f"least {sweeps * g['edges'] * channels * 4 / 1e9:.2f} GB of "
+                         f"neighbour rows")
+        parts += [f"**`{rel}`** ({_device_of(d)}):", table, "\n".join(notes)]
+        prov.append(_peers_provenance(rel, d))
+    if not parts:
+        return "No bench/peers/peers.py record with its tolerance pass is committed yet."
+    return "\n\n".join(parts + [_provenance_block(prov)])
+
+
+PRODUCT_LABELS = {
+    "coo": "COO matrix into PyG's `spmm`, which converts it to CSR on every call",
+    "csr": "CSR converted from the COO matrix once per forward, into PyG's `spmm`",
+    "csr_direct": "CSR built from the edge weights once per forward (its backward forms a "
+                  "dense n x n gradient)",
+    "edge_index": "PyG's `EdgeIndex`, CSR cached; with differentiable weights it gathers and "
+                  "scatters edge rows",
+}
+
+
+def peers_product():
+    """The sparse format of the PyG-written peers' product: the plain composition's step with
+    each format a PyG user can pick, per bench/peers/peers.py record that ran its product
+    pass, and the one its PyG and torchdeq peers used."""
+    parts, prov = [], []
+    for rel, d in _peer_records():
+        rows = []
+        sparse = set()
+        for graph, g in d.get("graphs", {}).items():
+            product = g.get("product") or {}
+            cands = product.get("candidates") or {}
+            sparse.add(product.get("torch_sparse") or NOT_RECORDED)
+            oks = [e["median_ms"] for e in cands.values() if e.get("median_ms")]
+            best = min(oks, default=None)
+            for name, e in cands.items():
+                ms, peak = e.get("median_ms"), e.get("step_peak_bytes")
+                rows.append([graph, f"`{name}`", PRODUCT_LABELS.get(name, e.get("means", "-")),
+                             f"{ms:,.1f}" if ms else "-",
+                             f"{ms / best:.2f}x" if ms and best else "-",
+                             f"{peak / 2**20:,.0f}" if peak else "-",
+                             "used" if name == product.get("used") else
+                             (e.get("status") if e.get("status") != "ok" else "")])
+        if not rows:
+            continue
+        table = _table(["graph", "format", "what the peer does", "ms fwd+bwd",
+                        "time / fastest", "step peak MB", ""], rows,
+                       ["---", "---", "---", "---:", "---:", "---:", "---"])
+        step = next((g["product"].get("step") for g in d["graphs"].values()
+                     if (g.get("product") or {}).get("step")), NOT_RECORDED)
+        notes = [f"- the step timed: {step}; torch_sparse: " + "; ".join(sorted(sparse))]
+        parts += [f"**`{rel}`** ({_device_of(d)}):", table, "\n".join(notes)]
+        prov.append(_peers_provenance(rel, d))
+    if not parts:
+        return "No bench/peers/peers.py record with its product pass is committed yet."
     return "\n\n".join(parts + [_provenance_block(prov)])
 
 
@@ -572,6 +725,8 @@ TABLES = {
     "distributed_halo": distributed_halo,
     "papers100m_model": papers100m_model,
     "peers": peers,
+    "peers_tolerance": peers_tolerance,
+    "peers_product": peers_product,
     "fidelity": fidelity,
     "reproduces": reproduces,
 }
