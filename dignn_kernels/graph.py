@@ -694,7 +694,14 @@ def _on_host(t: Tensor) -> bool:
 
 def _fingerprints(tensors: List[Tensor]) -> List[Tuple[int, int]]:
     """A 128-bit fingerprint of each tensor's contents: on the CPU :func:`_host_fingerprint`,
-    on another device :func:`_device_fingerprint`, read back in one host sync per device."""
+    on another device :func:`_device_fingerprint`, read back in one host sync per device.
+    Read with torch.func's transforms switched off: under ``jvp``/``grad``/``vmap`` a graph
+    tensor is wrapped (even detached) and holds no storage of its own to read."""
+    with torch._C._DisableFuncTorch():
+        return _unwrapped_fingerprints(tensors)
+
+
+def _unwrapped_fingerprints(tensors: List[Tensor]) -> List[Tuple[int, int]]:
     out: List = [None] * len(tensors)
     on_device: Dict[torch.device, List[int]] = {}
     for i, t in enumerate(tensors):
