@@ -42,7 +42,8 @@ from torch import Tensor
 
 from .backends import get_backend
 from .backends import pytorch as torch_passes
-from .backends.registration import forward_ad_active, register_edge_weights_autograd
+from .backends.registration import (forward_ad_active, register_edge_weights_autograd,
+                                    run_without_autocast)
 from .backends.schedule import CUDA_SEGMENT_EDGES
 from .checks import (check_backend_device, check_csr_fma_args, check_diffusion_step_args,
                      check_graph, check_graph_data, check_neural_edge_weights_args,
@@ -541,3 +542,10 @@ def _(rowptr, col, edge_value, w, kappa, t_rowptr, t_col, t_perm, x, chi, p, q, 
 # ---------------------------------------------------------------------- autograd --
 
 register_edge_weights_autograd("dignn::neural_edge_weights", _ops.neural_edge_weights_backward)
+
+# Every op computes in the dtypes it is given, also when called inside an autocast region.
+for _name in ("check_graph", "neural_edge_weights", "neural_edge_weights_backward",
+              "diffusion_step", "csr_fma", "csr_schedule", "row_product", "neural_weight_grad",
+              "anderson_record", "implicit_diffusion", "implicit_diffusion_backward"):
+    run_without_autocast(f"dignn::{_name}")
+

@@ -17,7 +17,8 @@ from torch.autograd import forward_ad
 from ..csr import csr_rows, transpose_csr
 from .pytorch import edge_weights_vjp
 
-__all__ = ["register_edge_weights_autograd", "forward_ad_active", "differentiable_backward"]
+__all__ = ["register_edge_weights_autograd", "forward_ad_active", "differentiable_backward",
+           "run_without_autocast"]
 
 
 def forward_ad_active() -> bool:
@@ -59,3 +60,31 @@ def register_edge_weights_autograd(op: str, backward_op: Callable) -> None:
         return None, None, None, grad_p, grad_q, None
 
     torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+
+# The libraries that hold the autocast kernels (a registration lives as long as its library).
+_AUTOCAST_LIBRARIES = {}
+
+
+def run_without_autocast(qualname: str) -> None:
+    """Registers, for CPU and CUDA autocast, a kernel that runs the op ``qualname``
+    (``"namespace::name"``) with autocast off and its inputs as given: every sum of a solve or
+    a pass accumulates in the compute dtype the op is given (float32 or float64), and the
+    dense products inside an op (the projections' gradients, Anderson's small least squares)
+    would otherwise be cast to 16 bits by the autocast region the op is called in, forward or
+    backward (the autograd engine runs a CPU backward in the caller's thread, autocast on).
+
+    Args:
+        qualname: the op, e.g. ``"dignn::implicit_solve"``.
+    """
+    namespace, name = qualname.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+    if namespace not in _AUTOCAST_LIBRARIES:
+        _AUTOCAST_LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
+    library = _AUTOCAST_LIBRARIES[namespace]
+    for device_type, key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
+        def kernel(*args, _op=op, _device_type=device_type, **kwargs):
+            with torch.autocast(_device_type, enabled=False):
+                return _op(*args, **kwargs)
+        library.impl(name, kernel, key)
+

@@ -46,7 +46,7 @@ from ..checks import (check_compute_dtype, check_csr_fma_args, check_edge_values
                       check_neural_edge_weights_backward_args, check_neural_weight_grad_args,
                       check_same_device, check_values)
 from .interface import FIXED_POINT_STATE, FP_DONE, ROW_STEP_SUMS, STORAGE_DTYPES, Backend
-from .registration import register_edge_weights_autograd
+from .registration import register_edge_weights_autograd, run_without_autocast
 from .schedule import TRITON_SEGMENT_EDGES
 
 __all__ = ["TRITON", "available", "interpreted", "build_schedule", "schedule_for",
@@ -501,6 +501,10 @@ def _(rowptr, col, a, p, q, z, v, eps, t_rowptr=None, t_col=None, t_perm=None):
 
 
 _ops = torch.ops.dignn_triton
+
+for _name in ("neural_edge_weights", "neural_edge_weights_backward", "csr_fma",
+              "neural_weight_grad"):
+    run_without_autocast(f"{_LIB}::{_name}")
 
 TRITON = Backend(name="triton", available=available,
                  neural_edge_weights=_ops.neural_edge_weights, csr_fma=_ops.csr_fma,

@@ -50,7 +50,7 @@ from torch import Tensor
 from ..backends import (BACKENDS, available_backends, check_backend_storage,
                         check_storage_dtype, get_backend)
 from ..backends import pytorch as torch_passes
-from ..backends.registration import differentiable_backward
+from ..backends.registration import differentiable_backward, run_without_autocast
 from ..checks import (check_backend_device, check_flag, check_graph_data, check_int,
                       check_projection_range, check_same_device, check_scalars,
                       check_solve_args, check_tensors)
@@ -529,6 +529,8 @@ def _solve_jvp(ctx, *tangents):
 
 torch.library.register_autograd("dignn::implicit_solve", _solve_backward,
                                 setup_context=_solve_setup_context)
+run_without_autocast("dignn::implicit_solve")
+run_without_autocast("dignn::implicit_solve_backward")
 
 
 class _Solve(torch.autograd.Function):
