@@ -956,6 +956,9 @@ class Recorder:
                     sig[name], consts[name] = "constexpr", value
                 elif isinstance(value, torch.Tensor):  # fresh allocations: 16-byte aligned
                     sig[name], attrs[(i,)] = "*" + TYPES[value.dtype], [["tt.divisibility", 16]]
+                elif isinstance(value, int) and value == 1 and \
+                        not self.fn.params[i].do_not_specialize:
+                    sig[name], consts[name] = "constexpr", 1  # the JIT makes a 1 a constant
                 else:  # as the JIT specializes an int: divisible by 16 or not
                     sig[name] = "i32"
                     if isinstance(value, int) and value % 16 == 0 and value and \
@@ -1014,7 +1017,8 @@ for dtype in (torch.float32, torch.float64):
         anderson_jit.small_spd_solve(torch.eye(m, dtype=dtype).repeat(64, 1, 1),
                                      torch.ones(64, m, dtype=dtype))
     window = [torch.zeros(5, 300, 64, dtype=dtype) for _ in range(2)]  # anderson's dF, dG
-    anderson_jit.window_record(rhs, rhs, rhs, rhs, *window, 2, 3)
+    for slot, count in ((2, 3), (1, 1)):  # (a 1 is a constant unless not specialized)
+        anderson_jit.window_record(rhs, rhs, rhs, rhs, *window, slot, count)
     anderson_jit.window_mix(rhs, window[1], torch.ones(5, 64, dtype=dtype), 3)
     for m in (1, 5, 16):  # anderson's gamma (windows of 1, the default, the most)
         anderson_jit.anderson_gamma(torch.eye(m, dtype=torch.float64).repeat(64, 1, 1),

@@ -135,7 +135,7 @@ def _anderson_gamma_kernel(gram, proj, gamma, consts, D, M: tl.constexpr, MP: tl
     tl.store(gamma + idx[None, :].to(tl.int64) * D + channel[:, None], out, mask=vec)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["slot", "count"])
 def _window_record_kernel(gy_new, y_new, f, gy, f_new, d_f, d_g, partials, slot, count, n, D,
                           slot_stride, ROWS: tl.constexpr, CHUNK: tl.constexpr,
                           BLOCK_D: tl.constexpr, MP: tl.constexpr):
