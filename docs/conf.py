@@ -332,6 +332,9 @@ extensions = [
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    # MathJax from the package's own copy, served from _static/mathjax/ of the built site:
+    # the pages' equations typeset without a network (a CDN script shows raw \( ... \)).
+    "sphinx-mathjax-offline",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
