@@ -297,9 +297,52 @@ def _escape_plain_math(app, what, name, obj, options, lines):
     lines[:] = out
 
 
+def _one_parameter_list(app, domain, objtype, contentnode):
+    """One "Parameters" list per object. With ``autodoc_typehints = "description"`` autodoc
+    adds the signature's types to every field list of a docstring, so a docstring whose
+    "Raises:" section follows prose (the layer's) showed its parameters a second time, as bare
+    types under "Raises". Runs after autodoc's merge (priority 600 > 500): a ``param``,
+    ``type`` or ``rtype`` field that an earlier field list of the same object already has is
+    dropped, and a field list left empty goes."""
+    from docutils import nodes
+
+    seen = set()
+    for field_list in [n for n in contentnode if isinstance(n, nodes.field_list)]:
+        for field in list(field_list):
+            parts = field[0].astext().split()
+            if not parts or parts[0] not in ("param", "type", "rtype"):
+                continue
+            key = (parts[0], parts[-1]) if parts[0] != "rtype" else ("rtype",)
+            if key in seen:
+                field_list.remove(field)
+            seen.add(key)
+        if not len(field_list):
+            contentnode.remove(field_list)
+
+
+_FLAG_DASH = re.compile(r"(?:^|(?<=[\s(\[{/'\"\u2018\u201c]))\u2013(?=[A-Za-z])")
+
+
+def _flags_keep_hyphens(app, doctree):
+    """``--help`` written outside a literal (a caption, a docstring's prose) stays two
+    hyphens: Sphinx's smart quotes turn ``--`` into an en dash, which a shell does not take
+    when the flag is copied. An en dash that starts a word (a flag) goes back to ``--``; the
+    separators of field lists ("name (type) -- text") keep theirs (a space follows them)."""
+    from docutils import nodes
+
+    for node in list(doctree.findall(nodes.Text)):
+        text = str(node)
+        if "\u2013" in text:
+            fixed = _FLAG_DASH.sub("--", text)
+            if fixed != text:
+                node.parent.replace(node, nodes.Text(fixed))
+
+
 def setup(app):
+    app.connect("doctree-read", _flags_keep_hyphens)
     app.connect("autodoc-process-docstring", _link_module_pointers)
     app.connect("autodoc-process-docstring", _escape_plain_math)
+    app.connect("object-description-transform", _one_parameter_list, priority=600)
 
 # Pages that other parts of the project write; a title-only placeholder keeps the toctree
 # whole where one is missing from a checkout.
@@ -370,5 +413,7 @@ doctest_default_flags = (__import__("doctest").ELLIPSIS
 
 html_theme = "furo"
 html_title = f"dignn-kernels {release}"
-html_static_path = []
+html_static_path = ["_static"]
+# Wide tables (the measured ones) scroll sideways inside the page instead of overflowing it.
+html_css_files = ["tables.css"]
 html_theme_options = {"navigation_with_keys": True}

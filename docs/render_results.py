@@ -583,6 +583,10 @@ def peers_product():
     each format a PyG user can pick, per bench/peers/peers.py record that ran its product
     pass, and the one its PyG and torchdeq peers used."""
     parts, prov = [], []
+    # the records whose source lines the tolerance table (above this one on the benchmarks
+    # page) already prints: named once there, pointed to here
+    shown = {_peers_provenance(rel, d) for rel, d in _peer_records()
+             if any((r.get("tolerance") or {}).get("runs") for r in d.get("results", []))}
     for rel, d in _peer_records():
         rows = []
         sparse = set()
@@ -609,7 +613,11 @@ def peers_product():
                      if (g.get("product") or {}).get("step")), NOT_RECORDED)
         notes = [f"- the step timed: {step}; torch_sparse: " + "; ".join(sorted(sparse))]
         parts += [f"**`{rel}`** ({_device_of(d)}):", table, "\n".join(notes)]
-        prov.append(_peers_provenance(rel, d))
+        line = _peers_provenance(rel, d)
+        if line in shown:  # its source list is the tolerance table's, printed above it
+            line = (f"`bench/results/{rel}`: device, commit, date and command as under the "
+                    f"tolerance table above (the same record)")
+        prov.append(line)
     if not parts:
         return "No bench/peers/peers.py record with its product pass is committed yet."
     return "\n\n".join(parts + [_provenance_block(prov)])
