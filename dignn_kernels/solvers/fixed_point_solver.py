@@ -34,6 +34,10 @@ __all__ = ["fixed_point", "fixed_point_update", "fixed_point_diverged", "solve"]
 # norms: rounding only, on symmetric graphs; a heuristic bound on directed ones.
 _CERTIFICATE_SYMMETRIC = 1.0 + 1e-3
 _CERTIFICATE_DIRECTED = 100.0
+# A guard row with edges leaves no certificate (see solve); an iterate 1000x the bound in norm
+# is still taken as divergence (the equilibrium itself stays within the bound's order), so a
+# diverging solve ends and warns instead of returning a huge finite iterate.
+_CERTIFICATE_GUARDED = 1e6
 
 
 def fixed_point_update(state: Tensor, history: Tensor, k: int, res: Tensor, size: Tensor,
@@ -87,7 +91,7 @@ def fixed_point(step: Callable[[Tensor], Tensor], rhs: Tensor, *, max_iter: int,
     bound = growth * weighted_sq(rhs, certificate, reduce) if certificate is not None else \
         torch.full_like(ref, math.inf)
     if uncertified is not None:  # (a device flag: no certificate holds, see solve)
-        bound = torch.where(uncertified, math.inf, bound)
+        bound = torch.where(uncertified, bound * (_CERTIFICATE_GUARDED / growth), bound)
     # iteration 1: ||Z_1 - Z_0|| = ||X||, relative 1 (0 for X = 0); rhs = 0: y = 0 is exact
     fields = {DONE: (ref <= 0).double(), DIVERGED: zero, SWEEPS: zero,
               RESIDUAL: ref, FP_RELATIVE: (ref > 0).double(),
@@ -155,8 +159,7 @@ def solve(system, rhs: Tensor, *, adjoint: bool, max_iter: int, tol: float, chec
     # J = -C^-1 L / mu is self-adjoint in the c-weighted inner product, J^T in the 1/c one
     certificate = 1.0 / system.mass if adjoint else system.mass
     # A guard row with edges breaks that self-adjointness (Delta's row is 0, its column is
-    # not), and with it the bound: the certificate is then off (a non-finite residual still
-    # ends a diverging solve).
+    # not), and with it the bound: the certificate then keeps only a wide heuristic margin.
     fixed = dict(tol=tol, check_every=check_every, certificate=certificate, callback=callback,
                  reduce=system.reduce, row_step=system.row_step_of(adjoint, rhs, certificate),
                  uncertified=getattr(system, "guard_coupled", None))
@@ -200,18 +203,20 @@ def _stored_growth(growth: float, storage_dtype: Optional[torch.dtype]) -> float
         growth * (1.0 + 4.0 * torch.finfo(storage_dtype).eps)
 
 
-def fixed_point_diverged(x: Tensor, z: Tensor, chi: Tensor, symmetric: bool,
+def fixed_point_diverged(x: Tensor, z: Tensor, chi: Tensor, rowptr: Tensor, symmetric: bool,
                          storage_dtype: Optional[torch.dtype] = None) -> Tensor:
     """On the device: True when ``z``, an iterate of the paper's fixed point from Z_1 = X,
     is non-finite or breaks the bound ||Z_t||_C <= ||X||_C that holds for every iterate while
     mu >= lambda_max(Delta) (C = diag(chi), 1 on guard rows; see :func:`fixed_point`). On a
-    symmetric graph a break proves divergence; on a directed one it is a heuristic with a
-    wide margin. ``storage_dtype``: the solve stored its iterates in 16 bits (a wider
-    margin, as in the solvers' loop)."""
+    symmetric graph a break proves divergence; on a directed one, or where a guard row has
+    edges (``rowptr``: the graph's CSR), it is a heuristic with a wider margin, the same as the
+    solvers' loop. ``storage_dtype``: the solve stored its iterates in 16 bits (a wider
+    margin, as in the loop)."""
     mass = node_mass(chi)
     growth = _stored_growth(_CERTIFICATE_SYMMETRIC if symmetric else _CERTIFICATE_DIRECTED,
                             storage_dtype)
+    guarded = (guard_rows(chi) & (rowptr[1:] != rowptr[:-1])).any()
+    bound = growth * weighted_sq(x, mass)
+    bound = torch.where(guarded, bound * (_CERTIFICATE_GUARDED / growth), bound)
     zs = weighted_sq(z, mass)
-    # guard rows (with edges) break the bound (see solve): only non-finite z proves it then
-    certified = ~guard_rows(chi).any()
-    return ~torch.isfinite(zs) | (certified & (zs > growth * weighted_sq(x, mass)))
+    return ~torch.isfinite(zs) | (zs > bound)

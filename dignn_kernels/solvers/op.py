@@ -223,7 +223,7 @@ def _forward(rowptr, col, edge_value, x, chi, p, q, kappa, t_rowptr, t_col, t_pe
         z, w, kappa_out, stats = fused.forward(rowptr, col, edge_value, x, chi, p, q, kappa, mu,
                                                eps, max_iter, tol, t_rowptr, t_col, t_perm,
                                                storage_dtype)
-        diverged = fixed_point_diverged(x, z, chi, t_rowptr is None, storage_dtype)
+        diverged = fixed_point_diverged(x, z, chi, rowptr, t_rowptr is None, storage_dtype)
         return z, (w if p is not None else x.new_empty(0)), kappa_out, \
             _with_flag(stats, diverged)
     system, w, kappa_out = _system(get_backend(backend), rowptr, col, edge_value, chi, p, q,
