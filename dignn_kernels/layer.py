@@ -1,4 +1,5 @@
 """``FusedImplicitDiffusion``: DIGNN's implicit graph diffusion layer on the fused kernels."""
+import weakref
 from collections.abc import Mapping
 from typing import Optional
 
@@ -68,7 +69,14 @@ class FusedImplicitDiffusion(nn.Module):
             (the solve's stats, ``layer.residual`` etc., still show a diverged or non-finite
             solve when read). True checks on every device. A graph passed as ``edge_index`` is
             fingerprinted on every forward all the same (one host read on a GPU, see below):
-            pass a prebuilt :class:`~dignn_kernels.CSRGraph` for a step that never syncs.
+            pass a prebuilt :class:`~dignn_kernels.CSRGraph`, or set ``cached``, for a step
+            that never syncs.
+        cached: PyG's ``cached=True`` for transductive training, where the graph never
+            changes: the graph built at the first forward is reused, with no read of its
+            contents, while the same ``edge_index`` and ``edge_weight`` objects come back (a
+            different object is built and checked again). Writing into those tensors in
+            place is then the caller's business, as in PyG. Default False: every forward
+            checks the graph's contents.
         storage_dtype: None (default: everything in the compute dtype), ``torch.bfloat16``
             or ``torch.float16``: the iterates of the solve and of the adjoint solve are
             stored in 16 bits (half the bytes every sweep gathers), while every sum
@@ -160,13 +168,17 @@ class FusedImplicitDiffusion(nn.Module):
     #: The ``flow`` argument; the class default is what a layer pickled before the argument
     #: existed reads back (it aggregated at ``edge_index[1]``).
     flow: str = "source_to_target"
+    #: The ``cached`` argument (likewise for layers pickled before it existed).
+    cached: bool = False
+    _held = None
 
     def __init__(self, in_channels: int, mu: float = 2.2, laplacian: str = "neural",
                  metric_channels: Optional[int] = None, max_iter: int = 10, tol: float = 1e-6,
                  eps: float = 1e-6, backend: str = "auto", solver: str = solvers.AUTO,
                  check_every: Optional[int] = None, sync_checks: Optional[bool] = None,
                  storage_dtype: Optional[torch.dtype] = None,
-                 reorder: Optional[str] = None, flow: str = "source_to_target"):
+                 reorder: Optional[str] = None, flow: str = "source_to_target",
+                 cached: bool = False):
         super().__init__()
         check_int("in_channels", in_channels, 1)
         check_scalars(mu=mu)
@@ -191,6 +203,10 @@ class FusedImplicitDiffusion(nn.Module):
             check_backend_storage(backend, storage_dtype)
         self.reorder = check_reorder(reorder)
         self.flow = check_flow(flow)
+        if not isinstance(cached, bool):
+            raise ValueError(f"cached must be True or False, got {cached!r}")
+        self.cached = cached
+        self._held = None
         self.in_channels = in_channels
         self.mu = float(mu)
         self.laplacian = laplacian
@@ -476,7 +492,8 @@ class FusedImplicitDiffusion(nn.Module):
         if edge_device is not None and edge_device != x.device:
             raise ValueError(f"x is on {x.device} but the graph is on {edge_device}; move "
                              f"both to the same device")
-        graph = self._graph(x, edge_index, edge_weight, self.reorder, self.flow)
+        graph = self._held_graph(x, edge_index, edge_weight) if self.cached else \
+            self._graph(x, edge_index, edge_weight, self.reorder, self.flow)
         backend = self._resolve_backend(x.device, graph.num_edges)
         self.backend_used = backend
         solver = self._solver_for(graph.symmetric)
@@ -501,6 +518,32 @@ class FusedImplicitDiffusion(nn.Module):
         # torch.jit.script calls this first: refuse with the fix instead of an error about
         # the layer's internals
         raise RuntimeError(_NOT_TORCHSCRIPT.format(how="torch.jit.script"))
+
+    def _held_graph(self, x: Tensor, edge_index, edge_weight: Optional[Tensor]) -> CSRGraph:
+        """``cached=True``: the graph of an earlier forward while the same ``edge_index`` and
+        ``edge_weight`` objects (held by weak reference) come back with the same node count,
+        device and layout options; else a fresh :meth:`_graph`, held for the next call."""
+        key = (x.size(0), x.device, self.reorder, self.flow)
+        held = self._held
+        if held is not None and held[0]() is edge_index and held[2] == key and \
+                (held[1] is None if edge_weight is None else held[1]() is edge_weight):
+            return held[3]
+        graph = self._graph(x, edge_index, edge_weight, self.reorder, self.flow)
+        try:
+            refs = (weakref.ref(edge_index),
+                    None if edge_weight is None else weakref.ref(edge_weight))
+        except TypeError:  # (an object without weak references is built every call)
+            return graph
+        self._held = refs + (key, graph)
+        return graph
+
+    def __getstate__(self):
+        # the held graph is a cache of objects that a copy or a pickle does not carry
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else \
+            self.__dict__
+        state = dict(state)
+        state["_held"] = None
+        return state
 
     @staticmethod
     def _graph(x: Tensor, edge_index, edge_weight: Optional[Tensor],
@@ -578,7 +621,7 @@ class FusedImplicitDiffusion(nn.Module):
                 f"solver={self.solver!r}" + (f", storage_dtype={self.storage_dtype}"
                                              if self.storage_dtype is not None else "")
                 + (f", reorder={self.reorder!r}" if self.reorder != "none" else "")
-                + f", flow={self.flow!r}")
+                + f", flow={self.flow!r}" + (", cached=True" if self.cached else ""))
 
 
 _NOT_TORCHSCRIPT = (

@@ -100,6 +100,29 @@ def test_graph_features_are_never_stale(small, unit, what, write):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("unit", ["mlp", "adj", "linkx"])
+def test_cached_model_reads_its_graph_once(small, unit, monkeypatch):
+    """cached=True (what `dignn train` builds for one graph): the same x and edge_index
+    objects are not read again, by the input unit or the layer, and the logits are those of
+    the uncached model; another edge_index object is read and rebuilt."""
+    from dignn_kernels import graph as graph_module
+    reads = []
+    real = graph_module._fingerprints
+    monkeypatch.setattr(graph_module, "_fingerprints",
+                        lambda tensors: reads.extend(tensors) or real(tensors))
+    x, ei = small.x.clone(), small.edge_index.clone()
+    model = _node_model(small, unit, "rw", cached=True).eval()
+    plain = _node_model(small, unit, "rw").eval()
+    assert model.diffusion.cached and not plain.diffusion.cached
+    with torch.no_grad():
+        first = model(x, ei)
+        count = len(reads)
+        assert torch.equal(model(x, ei), first) and len(reads) == count
+        assert torch.equal(plain(x, ei), first)
+        other = ei[:, : ei.size(1) // 2].clone()
+        assert torch.equal(model(x, other), plain(x, other)) and len(reads) > count
+
+
 def test_adjacency_matrix_counts_duplicates_once():
     ei = torch.tensor([[0, 0, 1, 2], [1, 1, 0, 1]])
     a = adjacency_matrix(ei, 3).to_dense()

@@ -701,3 +701,79 @@ def test_sparse_tensor_written_is_never_stale():
     assert not same_graph(after, before)
     dk.clear_graph_cache()
     assert same_graph(after, dk.build_graph(adj, N))
+
+
+# ------------------------------------------------------------------- cached=True --
+
+@pytest.fixture
+def fingerprints(monkeypatch):
+    """The tensors whose contents the cache read."""
+    read = []
+    real = graph_module._fingerprints
+
+    def counted(tensors):
+        read.extend(tensors)
+        return real(tensors)
+    monkeypatch.setattr(graph_module, "_fingerprints", counted)
+    return read
+
+
+@pytest.mark.parametrize("kind", list(_graphs()))
+def test_cached_layer_reads_the_graph_once(kind, fingerprints):
+    """PyG's cached=True: the same objects come back, the graph is neither built nor read
+    again (no host sync per step on a GPU), and the output is that of the uncached layer."""
+    edge, weight = _graphs()[kind]
+    torch.manual_seed(0)
+    layer = dk.FusedImplicitDiffusion(D, laplacian="neural", cached=True).double()
+    plain = dk.FusedImplicitDiffusion(D, laplacian="neural").double()
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(N, D, dtype=torch.float64)
+    z = layer(x, edge, weight)
+    reads = len(fingerprints)
+    assert reads >= 1
+    for _ in range(3):
+        assert torch.equal(layer(x, edge, weight), z)
+    assert len(fingerprints) == reads
+    assert torch.equal(plain(x, edge, weight), z)
+
+
+def test_cached_layer_builds_again_for_another_object_or_size(fingerprints):
+    ei, w = _edges()
+    layer = dk.FusedImplicitDiffusion(D, laplacian="rw", cached=True).double()
+    x = torch.randn(N, D, dtype=torch.float64)
+    layer(x, ei, w)
+    reads = len(fingerprints)
+    other = torch.stack([ei[1], ei[0]])  # another graph in another object: built and read
+    got = layer(x, other, w)
+    assert len(fingerprints) > reads
+    want, _ = reference.dense_equilibrium(x, other, w, laplacian="rw", mu=layer.mu)
+    assert rel_err(got, want) < 1e-6  # (the default tol)
+    reads = len(fingerprints)
+    layer(x, other)  # the same edge_index without its weights: read again
+    assert len(fingerprints) > reads
+    bigger = torch.randn(N + 2, D, dtype=torch.float64)
+    reads = len(fingerprints)
+    layer(bigger, other)  # another node count
+    assert len(fingerprints) > reads
+
+
+def test_cached_layer_copies_and_pickles_without_its_graph(tmp_path):
+    import copy
+    import pickle
+    ei, w = _edges()
+    layer = dk.FusedImplicitDiffusion(D, laplacian="rw", cached=True)
+    layer(torch.randn(N, D), ei, w)
+    assert layer._held is not None
+    for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert twin.cached and twin._held is None
+    path = tmp_path / "layer.pt"
+    torch.save(layer, path)
+    assert torch.load(path, weights_only=False)._held is None
+    assert "cached=True" in repr(layer) and "cached" not in repr(
+        dk.FusedImplicitDiffusion(D, laplacian="rw"))
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_cached_must_be_a_bool(bad):
+    with pytest.raises(ValueError, match="cached must be True or False"):
+        dk.FusedImplicitDiffusion(D, cached=bad)

@@ -27,6 +27,7 @@ takes the owned rows of the mask the single-process model would draw for the who
 from __future__ import annotations
 
 from dataclasses import dataclass
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -227,6 +228,11 @@ class DIGNNNodeClassifier(nn.Module):
             ``edge_index[0]``) or ``"target_to_source"`` (node ``edge_index[0]`` aggregates,
             as in the authors' code), by the implicit layer and by the A of the ``"adj"`` and
             ``"linkx"`` input units alike (see :class:`FusedImplicitDiffusion`).
+        cached: PyG's ``cached=True`` for transductive training on one graph that never
+            changes: the implicit layer's graph and the input unit's A X or A are built at
+            the first forward and reused, with no read of their contents, while the same
+            ``x`` and ``edge_index`` objects come back (the layer's ``cached``). Default
+            False: their contents are checked on every forward.
 
     ``forward(x, edge_index)`` returns logits [num_nodes, num_classes]. ``x`` may be a sparse
     CSR/COO tensor (one-hot features). A X (for ``"adj"``) and A (for ``"linkx"``) are built
@@ -259,6 +265,7 @@ class DIGNNNodeClassifier(nn.Module):
     #: How ``edge_index`` is read (the ``flow`` argument); the class default is what a model
     #: pickled before the argument existed reads back.
     flow: str = "source_to_target"
+    _graph_held = None
 
     def __init__(self, in_channels: int, hidden: int, num_classes: int, *,
                  input_unit: str = "mlp", num_nodes: Optional[int] = None,
@@ -267,7 +274,7 @@ class DIGNNNodeClassifier(nn.Module):
                  metric_channels: Optional[int] = None, backend: str = "auto",
                  adj_norm: str = "none", solver: str = "auto",
                  input_dropout: Optional[float] = None, storage_dtype=None,
-                 reorder: str = "none", flow: str = "source_to_target"):
+                 reorder: str = "none", flow: str = "source_to_target", cached: bool = False):
         super().__init__()
         _check_counts(1, in_channels=in_channels, hidden=hidden, num_classes=num_classes)
         _check_choice("input_unit", input_unit, INPUT_UNITS)
@@ -295,18 +302,25 @@ class DIGNNNodeClassifier(nn.Module):
         self.diffusion = _implicit_layer(
             hidden, storage_dtype, mu=mu, laplacian=laplacian, metric_channels=metric_channels,
             max_iter=max_iter, tol=tol, backend=backend, solver=solver, reorder=reorder,
-            flow=flow)
+            flow=flow, cached=cached)
         self.norm_out = nn.BatchNorm1d(hidden)
         self.classifier = nn.Linear(hidden, num_classes)
         self._graph_key = None
         self._graph_cache = None
+        self._graph_held = None
 
     # -------------------------------------------------------------------- graph cache --
     def _graph_features(self, x: Tensor, edge_index: Tensor) -> Tensor:
         """A X (``adj``) or A (``linkx``), computed again only when the contents of x (for
         ``adj``) or edge_index change: keyed by their fingerprints, like the layer's graph
         cache (:func:`dignn_kernels.cached_graph`), so no write that bypasses a tensor's
-        version counter (``.data``, numpy, ``set_()``) leaves it stale."""
+        version counter (``.data``, numpy, ``set_()``) leaves it stale. With ``cached`` the
+        same ``x`` and ``edge_index`` objects reuse it unread."""
+        cached = self.diffusion.cached
+        held = self._graph_held
+        if cached and held is not None and held[0]() is x and held[1]() is edge_index and \
+                self._graph_cache is not None:
+            return self._graph_cache
         key = content_key(*((x, edge_index) if self.input_unit == "adj" else (edge_index,)))
         key += (x.size(0), x.device, self.lin_in.weight.dtype)
         if self._graph_key != key:
@@ -320,7 +334,19 @@ class DIGNNNodeClassifier(nn.Module):
                 feats = adj
             self._graph_key = key
             self._graph_cache = feats
+        if cached:
+            try:
+                self._graph_held = (weakref.ref(x), weakref.ref(edge_index))
+            except TypeError:  # (an object without weak references is checked every call)
+                self._graph_held = None
         return self._graph_cache
+
+    def __getstate__(self):
+        # the held references name objects that a copy or a pickle does not carry
+        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else
+                     self.__dict__)
+        state["_graph_held"] = None
+        return state
 
     def _check_inputs(self, x: Tensor, edge_index: Tensor) -> None:
         if not isinstance(x, Tensor) or x.dim() != 2:
