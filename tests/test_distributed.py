@@ -249,6 +249,26 @@ def test_save_load_round_trip(tmp_path, world_of_one):
     assert rel_err(z, layer(x, ei, w)[graph.owned]) < 1e-12
 
 
+@pytest.mark.parametrize("laplacian", ["neural", "rw"])
+def test_higher_derivatives_are_refused_with_what_is_supported(world_of_one, laplacian):
+    """Forward mode and second derivatives on a DistributedGraph: an error naming them and
+    what works (reverse mode, first order), not torch's generic "no formula" or a zero."""
+    x, ei, _ = make_graph("symmetric", n=20, d=3)
+    layer = make_layer(3, laplacian, dtype=F64)
+    graph = DistributedGraph(partition(ei, 20, 1))
+    xo = x[graph.owned]
+    with pytest.raises(RuntimeError, match="forward-mode AD .* not supported on a "
+                                           "DistributedGraph"):
+        torch.func.jvp(lambda u: layer(u, graph), (xo,), (torch.ones_like(xo),))
+    xg = xo.clone().requires_grad_()
+    (g,) = torch.autograd.grad(layer(xg, graph).square().sum(), xg)  # first order works
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
+    xg = xo.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="second derivatives .* not supported on a "
+                                           "DistributedGraph; the first-order backward is"):
+        torch.autograd.grad(layer(xg, graph).square().sum(), xg, create_graph=True)
+
+
 def test_all_reduce_gradients_fills_missing_grads(world_of_one):
     layer = make_layer(3, "neural", dtype=F64)
     layer.theta_chi.weight.grad = torch.ones_like(layer.theta_chi.weight)

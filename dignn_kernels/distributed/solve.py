@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..backends import get_backend
+from ..backends.registration import forward_ad_active
 from ..solvers import op as solve_op
 from ..solvers.loops import ANDERSON_WINDOW, solve_adjoint, solve_forward
 from ..solvers.registry import get_solver
@@ -68,6 +69,11 @@ class _DistributedSolve(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_z: Tensor, grad_stats):
+        if torch.is_grad_enabled():  # (create_graph=True: a second derivative was asked for)
+            raise RuntimeError(
+                "second derivatives (backward with create_graph=True, torch.autograd.grad of "
+                "a gradient) are not supported on a DistributedGraph; the first-order backward "
+                "is. Use the layer on a whole graph for higher derivatives")
         x, chi, p_full, q_full, edge_value, z, w, kappa = ctx.saved_tensors
         graph, cfg = ctx.graph, ctx.cfg
         neural = p_full is not None
@@ -97,6 +103,12 @@ def distributed_forward(layer, x: Tensor, graph: DistributedGraph,
                         edge_weight: Optional[Tensor] = None) -> Tensor:
     """``layer(x, graph)`` for a :class:`DistributedGraph`: x holds this rank's owned rows
     (``x_global[graph.owned]``), the result the owned rows of Z."""
+    if forward_ad_active() or torch._C._functorch.peek_interpreter_stack() is not None:
+        raise RuntimeError(
+            "forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) and torch.func's "
+            "transforms (grad, vmap, jacrev, ...) are not supported on a DistributedGraph: "
+            "use reverse mode (loss.backward(), torch.autograd.grad), or the layer on a whole "
+            "graph, which supports them")
     if edge_weight is not None:
         raise ValueError("edge_weight goes into the partition: pass it to partition(edge_index, "
                          "num_nodes, parts, edge_weight=...), not with a DistributedGraph")

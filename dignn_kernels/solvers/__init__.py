@@ -15,6 +15,7 @@ from .loops import (ANDERSON_WINDOW, SOLVERS, DivergenceWarning, SolveResult, an
                     fixed_point_diverged, solve_adjoint, solve_forward)
 from .op import (backward_stats, host_reads_allowed, implicit_diffusion, resolve_solver,
                  warn_if_diverged)
+from .common import HISTORY_LENGTH
 from .registry import AUTO, auto_solver, get_solver, register_solver
 from .system import EquilibriumSystem
 
@@ -23,4 +24,4 @@ __all__ = ["SOLVERS", "ANDERSON_WINDOW", "DivergenceWarning", "SolveResult",
            "solve_forward", "solve_adjoint", "implicit_diffusion", "resolve_solver",
            "default_check_every", "check_every_arg", "fixed_point_diverged",
            "host_reads_allowed", "backward_stats", "warn_if_diverged", "register_solver",
-           "get_solver", "AUTO", "auto_solver"]
+           "get_solver", "AUTO", "auto_solver", "HISTORY_LENGTH"]
