@@ -136,9 +136,9 @@ def test_unaligned_features():
     assert x.data_ptr() % 16 != 0
     x.copy_(case.x)
     rp, cl, a, chi, p, q = to_dev(case.rowptr, case.col, case.a, case.chi, case.p, case.q)
-    got = ops.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=3.0, max_iter=2, tol=0.0)
-    want = ops.implicit_diffusion(case.rowptr, case.col, case.a, case.x, case.chi, case.p,
-                                  case.q, mu=3.0, max_iter=2, tol=0.0)
+    got = dk.implicit_diffusion(rp, cl, a, x, chi, p, q, mu=3.0, max_iter=2, tol=0.0)
+    want = dk.implicit_diffusion(case.rowptr, case.col, case.a, case.x, case.chi, case.p,
+                                 case.q, mu=3.0, max_iter=2, tol=0.0)
     assert rel_err(got[0].cpu(), want[0]) < 5e-6 and float(got[1][0]) == float(want[1][0]) == 2
 
 
