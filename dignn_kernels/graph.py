@@ -866,7 +866,7 @@ def cached_graph(edge, num_nodes: int, edge_weight: Optional[Tensor] = None,
     aliases, ``set_()``, a view's base, another tensor at a freed one's address), and an
     unchanged graph hits even as a new tensor (a copy, a reload). On the CPU the fingerprint
     is XXH3-64 of the bytes and the wrapping 64-bit sum of the elements (two passes over the
-    memory at its speed, no copy; ``bench/graph_cache_check.py`` measures its share of a
+    memory at its speed, no copy; ``bench/layer/graph_cache_check.py`` measures its share of a
     training step); on a GPU the wrapping sums of a multiply-xorshift mix of each
     element with its position and of the elements, torch ops read back in one host sync per
     call. What it guarantees: a change of any single entry always changes the fingerprint

@@ -253,7 +253,7 @@ def authors_layers(monkeypatch):
     src = AUTHORS / "nodeclassification" / "src"
     if not (src / "layers.py").is_file():
         pytest.skip(f"no checkout of the authors' DIGNN at {AUTHORS} (set DIGNN_AUTHORS); "
-                    f"bench/peers.py runs the same comparison against it")
+                    f"bench/peers/peers.py runs the same comparison against it")
     scatter = types.ModuleType("torch_scatter")
     scatter.scatter_add = _scatter_add
     package = types.ModuleType("src")

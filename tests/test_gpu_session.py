@@ -82,11 +82,21 @@ def test_session_stops_a_phase_at_its_limit_with_sigint(tmp_path):
 
 
 @pytest.mark.slow  # a subprocess: seconds
-def test_session_refuses_an_unknown_phase(tmp_path):
-    proc, _ = _session(tmp_path, "tests,benchmarks")
+@pytest.mark.parametrize("entry", [SESSION, REPO / "bench" / "gpu_session.sh"])
+def test_session_refuses_an_unknown_phase(tmp_path, entry):
+    """Also through bench/gpu_session.sh, where the developers' guide names the session."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(entry), "tests,benchmarks"], capture_output=True,
+                          text=True, timeout=300, env=_child_env(OUT=str(out),
+                                                                 PYTHON=sys.executable))
     assert proc.returncode == 2
     assert "unknown phase 'benchmarks'" in proc.stderr
     assert "tests,peers,bench,locality,epochs,kernels" in proc.stderr
+
+
+def test_the_guide_names_the_staging_script_too():
+    text = (REPO / "bench" / "stage_gpu_data.sh").read_text()
+    assert 'exec bash "$(dirname "$0")/gpu/stage_gpu_data.sh" "$@"' in text
 
 
 BENCH_MODULE = '''

@@ -124,7 +124,8 @@ def ring_layer_step():
     edge_index = torch.stack([torch.cat([nodes, (nodes + 1) % n]),
                               torch.cat([(nodes + 1) % n, nodes])])
     torch.manual_seed(0)
-    layer = dk.FusedImplicitDiffusion(channels, mu=2.2, max_iter=3, tol=0.0, backend="cpu")
+    layer = dk.FusedImplicitDiffusion(channels, mu=2.2, max_iter=3, tol=0.0, backend="cpu",
+                                      solver="fixed_point")  # the fused C++ loop
     x = torch.randn(n, channels, requires_grad=True)
 
     def step():

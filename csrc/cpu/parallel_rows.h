@@ -21,7 +21,7 @@ namespace dignn {
 namespace cpu {
 
 // A pass over less work than this (edges + rows) runs as one chunk on the calling thread,
-// without entering at::parallel_for. Measured with bench/cpu_grain.py: random symmetric
+// without entering at::parallel_for. Measured with bench/layer/cpu_grain.py: random symmetric
 // graphs of 1.2k to 2.5M work, h = 64, float32, csr_fma / neural_edge_weights /
 // neural_weight_grad at 1 and 2 threads, 2-core AMD EPYC, extension built with -fopenmp,
 // 2:1 = median time ratio of adjacent 2- and 1-thread batches:

@@ -177,7 +177,7 @@ inline Words bfloat16_bits(Words b) {
 
 // Widening loads of one vector of 16-bit values with the instruction set's conversions (the
 // portable vector code of the baseline build measured no faster than float32 loads in the
-// AVX-512 build on cornell5, these about twice as fast: bench/test_cpu_speed.py).
+// AVX-512 build on cornell5, these about twice as fast: bench/layer/test_cpu_speed.py).
 #if defined(__x86_64__) && DIGNN_VEC_BYTES == 64
 // (the zero-masked forms with a full mask: the plain ones start from an undefined register,
 // which GCC 12 reports as maybe uninitialized)
@@ -214,7 +214,7 @@ inline void store_float16(void* p, FVec v) {
 // with h are that: one instruction (SSE2 punpcklwd, NEON zip1). GCC lowers the plain
 // __builtin_convertvector(h, Words) << 16 to two loads, four shuffles and a shift under SSE2,
 // which made this build's cached sweep on cornell5 slower with bfloat16 iterates than with
-// float32 ones (bench/test_cpu_speed.py).
+// float32 ones (bench/layer/test_cpu_speed.py).
 inline Words high_halves(const void* p) {
   HalfWords h;
   __builtin_memcpy(&h, p, sizeof(h));

@@ -6,7 +6,7 @@ Both keep a fused solve (:class:`~dignn_kernels.backends.interface.FusedSolve`):
 ``dignn::implicit_diffusion`` and ``dignn::implicit_diffusion_backward`` (one loop for both
 devices, csrc/ops/), which fuses the edge weights into the first sweep and runs every sweep
 without returning to Python. On the CPU it is faster than the solvers' loop over the passes
-(bench/test_cpu_speed.py measures the layer on it); on a GPU it launches from C++ and keeps
+(bench/layer/test_cpu_speed.py measures the layer on it); on a GPU it launches from C++ and keeps
 the convergence test on the device.
 
 16-bit storage (``storage_dtype``), in both: the row pass takes y in bfloat16 or float16 and
@@ -19,7 +19,7 @@ loop over these passes (csrc/ops/solve.h; float64 x takes that loop). On cornell
 thread) a bfloat16 cached sweep takes 0.75 of a float32 one: the gathers of neighbour rows
 move half the bytes (bench/results/cpu_cornell5_storage16.json). The CUDA kernels' 16-bit
 passes have been verified in the kernels' host emulator only (tests/test_cuda_emulated.py),
-not yet timed on a GPU (bench/test_gpu_speed.py::test_storage_dtype_step).
+not yet timed on a GPU (bench/layer/test_gpu_speed.py::test_storage_dtype_step).
 
 cg (the solvers' loop, on both) takes the row product of the ops ``csr_schedule`` and
 ``row_product`` on the GPU only: the CSR's schedule made once per solve, not once per sweep as

@@ -7,7 +7,7 @@ most ``*_SEGMENT_EDGES`` edges; a *heavy row* has more than one segment, whose p
 to scratch slots and are added in slot order by a second kernel (results are the same bit for
 bit from run to run). The lengths differ per backend because their programs differ: a CUDA
 warp walks a segment of 128 edges with its lanes over the channels; a Triton program tiles
-many segments x channels and loops at most the segment length (bench/test_triton_speed.py).
+many segments x channels and loops at most the segment length (bench/layer/test_triton_speed.py).
 """
 
 __all__ = ["CUDA_SEGMENT_EDGES", "TRITON_SEGMENT_EDGES"]
