@@ -306,13 +306,27 @@ def _one_parameter_list(app, domain, objtype, contentnode):
     dropped, and a field list left empty goes."""
     from docutils import nodes
 
+    lists = [n for n in contentnode if isinstance(n, nodes.field_list)]
+    if len(lists) < 2:
+        return
+
+    def names(field_list):
+        return [field[0].astext().split() or [""] for field in field_list]
+
+    # the return type stays beside the "Returns:" text where there is one, else in the first list
+    rtype_home = next((i for i, fl in enumerate(lists)
+                       if any(n[0] in ("return", "returns") for n in names(fl))), 0)
     seen = set()
-    for field_list in [n for n in contentnode if isinstance(n, nodes.field_list)]:
+    for i, field_list in enumerate(lists):
         for field in list(field_list):
             parts = field[0].astext().split()
             if not parts or parts[0] not in ("param", "type", "rtype"):
                 continue
-            key = (parts[0], parts[-1]) if parts[0] != "rtype" else ("rtype",)
+            if parts[0] == "rtype":
+                if i != rtype_home:
+                    field_list.remove(field)
+                continue
+            key = (parts[0], parts[-1])
             if key in seen:
                 field_list.remove(field)
             seen.add(key)
