@@ -1,6 +1,6 @@
 """dignn-kernels: fused kernels for DIGNN's implicit graph neural diffusion.
 
-The rooms, from the math up (each imports only those above it):
+The modules, from the formulas up (each imports only those above it):
 
 - :mod:`~dignn_kernels.laplacian`: the formulas of the graph neural Laplacian in PyTorch;
 - :mod:`~dignn_kernels.checks`, :mod:`~dignn_kernels.csr`: argument validation, CSR indices;

@@ -263,7 +263,7 @@ class CSRGraph:
     @_outside_inference
     def fixed_laplacian(self, laplacian: str, dtype: torch.dtype) -> Tuple[Tensor, Tensor,
                                                                          Tensor]:
-        """(W, chi, kappa) of a canonical Laplacian (appendix table 1), in the form
+        """(W, chi, kappa) of a canonical Laplacian (the paper's appendix), in the form
         Delta Z = (kappa Z - W Z) / chi used by the kernels:
 
         - ``rw``: W = a, chi = D, kappa = D          (Delta = I - D^-1 A)

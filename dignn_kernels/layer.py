@@ -30,7 +30,7 @@ def _stat_property(index: int, doc: str) -> property:
 
 
 class FusedImplicitDiffusion(nn.Module):
-    r"""The implicit graph diffusion layer of DIGNN (paper eq. 10):
+    r"""The implicit graph diffusion layer of DIGNN (paper eq. 17):
     :math:`Z = X - \frac{1}{\mu} \Delta Z`, solved by fixed-point iteration from Z_0 = 0
     (eq. iter), or by conjugate gradient or Anderson acceleration, and differentiated
     implicitly (appendix "Training for DIGNNs").
@@ -38,9 +38,9 @@ class FusedImplicitDiffusion(nn.Module):
     Args:
         in_channels: feature width d of x (and of the output Z).
         mu: the source-constraint strength mu > 0. Plain iteration converges when
-            mu > lambda_max(Delta) (corollary 4.3); ``cg`` for every mu > 0.
+            mu > lambda_max(Delta) (the well-posedness corollary); ``cg`` for every mu > 0.
         laplacian: ``"neural"`` (the learnable graph neural Laplacian, eq. 12-14), ``"rw"``,
-            ``"unnormalized"`` or ``"sym"`` (appendix table 1).
+            ``"unnormalized"`` or ``"sym"`` (the paper's appendix).
         metric_channels: width h of the metric projections (default: ``in_channels``).
         max_iter: the most iterations (CSR sweeps for cg and anderson), forward and adjoint
             alike.
@@ -445,7 +445,7 @@ class FusedImplicitDiffusion(nn.Module):
         return host_checks
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
-        """Z, the equilibrium of Z = X - (1/mu) Delta Z (eq. 10) for the input ``x``.
+        """Z, the equilibrium of Z = X - (1/mu) Delta Z (eq. 17) for the input ``x``.
 
         Args:
             x: float Tensor [num_nodes, in_channels] (float32, float64, or 16-bit: solved in

@@ -52,7 +52,7 @@ def graph_neural_laplacian(x: Tensor, edge_index: Tensor, edge_weight: Optional[
 
 def _fixed_weights(x, edge_index, edge_weight, laplacian):
     """(i, j, w, chi, self_weight) of a canonical Laplacian: (Delta z)_i =
-    (self_weight_i z_i - sum_j w_ij z_j) / chi_i (appendix table 1)."""
+    (self_weight_i z_i - sum_j w_ij z_j) / chi_i (the paper's appendix)."""
     i, j, a, deg = _edges(x, edge_index, edge_weight)
     ones = torch.ones_like(deg)
     if laplacian == "rw":
@@ -67,7 +67,7 @@ def _fixed_weights(x, edge_index, edge_weight, laplacian):
 
 def laplacian_apply(z: Tensor, i: Tensor, j: Tensor, w: Tensor, chi: Tensor,
                     self_weight: Optional[Tensor] = None) -> Tensor:
-    """(Delta z)_i = (1/chi_i) sum_j w_ij (z_i - z_j) (eq. 9), or with a separate diagonal
+    """(Delta z)_i = (1/chi_i) sum_j w_ij (z_i - z_j) (eq. 6), or with a separate diagonal
     (self_weight_i z_i - sum_j w_ij z_j) / chi_i; 0 on rows with chi_i = 0."""
     n = z.size(0)
     if self_weight is None:

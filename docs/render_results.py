@@ -782,6 +782,26 @@ def reproduces():
                                 "under the accuracy table.", _provenance_block(prov)])
 
 
+def plain_model_defaults():
+    """A plain two-layer model with every argument of the layer at its default: per dataset
+    the solver the layer chose, test accuracy per split, and the warnings raised."""
+    rel = "plain_model_defaults.json"
+    d = _load(rel)
+    by = {}
+    for r in d["runs"]:
+        by.setdefault(r["dataset"], []).append(r)
+    rows = []
+    for name, runs in by.items():
+        accs = ", ".join(f"{100 * r['test_acc']:.1f}" for r in runs)
+        rows.append([name, ", ".join(sorted({r["solver_used"] for r in runs})),
+                     f"{len(runs)}", accs, str(sum(len(r["warnings"]) for r in runs))])
+    table = _table(["graph", "solver chosen", "splits", "test accuracy % per split",
+                    "warnings"], rows, ["---", "---", "---:", "---", "---:"])
+    prov = _prov_line(rel, _device_of(d), d["commit"][:7], d["date"][:10], _argv(d["command"]))
+    return (table + f"\n\nThe model: `{d['model']}`, 200 epochs.\n\n"
+            + _provenance_block([prov]))
+
+
 TABLES = {
     "accuracy": accuracy,
     "gpu_step": gpu_step,
@@ -790,6 +810,7 @@ TABLES = {
     "locality": locality,
     "solvers_step": solvers_step,
     "solvers_sweeps": solvers_sweeps,
+    "plain_model_defaults": plain_model_defaults,
     "distributed_halo": distributed_halo,
     "papers100m_model": papers100m_model,
     "peers": peers,

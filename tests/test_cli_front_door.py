@@ -317,3 +317,11 @@ def test_a_later_graph_gets_the_cores_an_earlier_small_one_did_not(monkeypatch, 
         assert dignn.device.choose_threads(10**9) == (2, "the cores available")
     finally:
         torch.set_num_threads(before)
+
+
+def test_help_has_no_markup(capsys):
+    """The top-level help is the module docstring's paragraph, without its reST backticks."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "dignn train trains DIGNN" in out

@@ -34,7 +34,7 @@ def _strong(layer, scale):
 @pytest.mark.parametrize("laplacian", LAPLACIANS)
 def test_auto_picks_per_graph_and_solves_the_equation(kind, laplacian):
     """The default solver: cg on an undirected graph, anderson on a directed one, and the
-    answer is the equilibrium of the dense float64 solve (paper eq. 10)."""
+    answer is the equilibrium of the dense float64 solve (paper eq. 17)."""
     torch.manual_seed(0)
     x, ei, w = make_graph(kind, n=24, d=5)
     layer = dk.FusedImplicitDiffusion(5, laplacian=laplacian, max_iter=400, tol=1e-12).double()

@@ -3,7 +3,7 @@
 Every case here holds a result of :func:`dignn_kernels.implicit_diffusion` (every solver, the
 backends "cpu", "torch" and "triton" in the interpreter) to a dense float64 solve of the same
 data, written here from the paper's formulas independently of the package: (I + Delta/mu) Z = X
-(eq. 10) with Delta = C^-1 (K - W) (eq. 9), its rows zero where chi_i <= 1e-30 (guard rows keep
+(eq. 17) with Delta = C^-1 (K - W) (eq. 6), its rows zero where chi_i <= 1e-30 (guard rows keep
 z_i = x_i), and for the neural Laplacian W_ij = a_ij tanh(1/(||q_i - q_j|| + eps))
 tanh(|p_i . p_j|) (eq. 13-14), kappa its row sums. Gradients are the dense solve's autograd.
 A call either agrees (tolerances per dtype below) or raises / warns.

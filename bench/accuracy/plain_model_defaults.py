@@ -108,7 +108,7 @@ def main(argv=None):
                   f"{len(rec['warnings'])} warnings", f"{rec['ms_per_epoch']} ms/epoch",
                   flush=True)
     doc = {"schema": "plain_model_defaults/1",
-           "command": [sys.executable, "bench/accuracy/plain_model_defaults.py"] + list(
+           "command": ["python", "bench/accuracy/plain_model_defaults.py"] + list(
                sys.argv[1:] if argv is None else argv),
            "commit": commit,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -12,7 +12,7 @@ Peers (the names the JSON uses):
   (implicit differentiation) around f(z) = x - (1/mu) Delta z.
 - ``pyg-plain``: K fixed-point applications unrolled, autograd through all of them.
 
-All compute DIGNN's layer, Z = X - (1/mu) Delta Z (paper eq. 10), with the graph neural
+All compute DIGNN's layer, Z = X - (1/mu) Delta Z (paper eq. 17), with the graph neural
 Laplacian of eq. 12-14, in the authors' convention: node i aggregates over the edges (i, j) of
 the given edge_index (at edge_index[0]). Peers built on PyG's convention (messages to
 edge_index[1]) get ``edge_index.flip(0)``, or this layer ``flow="target_to_source"`` where it
@@ -305,7 +305,7 @@ class NeuralLaplacianMap(nn.Module):
             with warnings.catch_warnings():  # "coo": PyG's conversion warning, every call
                 warnings.simplefilter("ignore", UserWarning)
                 wz = spmm(adj, z, reduce="sum")
-        # (Delta z)_i = (1/chi_i) sum_j w_ij (z_i - z_j)  (eq. 9)
+        # (Delta z)_i = (1/chi_i) sum_j w_ij (z_i - z_j)  (eq. 6)
         return x - inv_chi * (row_sum * z - wz) / self.mu
 
 

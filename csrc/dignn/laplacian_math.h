@@ -1,8 +1,8 @@
 // The math of every dignn kernel, in one place.
 //
 // Paper: "Dirichlet Implicit Graph Neural Networks" (../shared/paper/dignn-paper.tex),
-// section 4.1 (graph neural Laplacian, eq. 12-14), eq. 9 (parameterized Laplacian),
-// corollary 4.3 (the fixed-point iteration, eq. iter) and appendix "Training for DIGNNs".
+// section 4.1 (graph neural Laplacian, eq. 12-14), eq. 6 (parameterized Laplacian),
+// the well-posedness corollary (the iteration, eq. 19) and appendix "Training for DIGNNs".
 //
 // A graph is a CSR matrix of non-negative edge values a_ij: row i lists the nodes j
 // that node i aggregates from (PyG's target-row convention, see dignn_kernels/graph.py).
@@ -16,8 +16,8 @@
 //   varphi_ij^2    = a_ij tanh(1 / (rho_ij + eps)),     rho_ij = ||q_i - q_j||  (eq. 14)
 //   W_ij           = varphi_ij^2 phi_ij                 (edge weight, symmetric when a is)
 //   kappa_i        = sum_j W_ij                         (row sum)
-//   (Delta Z)_i    = (1/chi_i) sum_j W_ij (z_i - z_j) = (kappa_i z_i - (W Z)_i) / chi_i  (eq. 9)
-// The canonical Laplacians (appendix table 1) are the same form with fixed (W, chi, kappa):
+//   (Delta Z)_i    = (1/chi_i) sum_j W_ij (z_i - z_j) = (kappa_i z_i - (W Z)_i) / chi_i  (eq. 6)
+// The canonical Laplacians (the paper's appendix) are the same form with fixed (W, chi, kappa):
 //   rw: W = a, chi = D, kappa = D;  unnormalized: W = a, chi = 1, kappa = D;
 //   sym: W_ij = a_ij / sqrt(D_i D_j), chi = 1, kappa = 1 (kappa = 0 where D_i = 0).
 //

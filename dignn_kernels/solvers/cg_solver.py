@@ -10,7 +10,7 @@ I + Delta/mu, whose condition number 1 + lambda_max/mu stays small for every mu.
 
 Guard rows (chi_i <= 1e-30, see laplacian_math.h) keep z_i = x_i. In the SPD form such a row is
 the identity (its C_ii is taken as 1 and its row of L/mu is dropped), but its column is not:
-the other rows still diffuse from it (Delta's row i is 0, its column i is not, eq. 9). cg
+the other rows still diffuse from it (Delta's row i is 0, its column i is not, eq. 6). cg
 eliminates it: z_i = x_i is known, its column moves to the right-hand side,
 r_j = C_jj x_j + W_ji x_i / mu, and the remaining rows' block of C + L/mu is symmetric positive
 definite. The adjoint's v = C^-1 u is 0 on guard rows; its guard rows are
@@ -129,7 +129,7 @@ def solve(system, rhs: Tensor, *, adjoint: bool, max_iter: int, tol: float, chec
 def _guard_coupled(system, check_every: int) -> bool:
     """Whether cg must eliminate guard rows (z_i = x_i known) that other rows read: the SPD
     form's guard row is an identity row, but its column keeps the neighbours' -W_ji / mu
-    (they diffuse from it, paper eq. 9), so without the elimination cg would solve a
+    (they diffuse from it, paper eq. 6), so without the elimination cg would solve a
     different, unsymmetric system. Read on the host where the loop reads it every sweep
     anyway (``check_every`` == 1, the CPU default), else (no host read between checks on a
     GPU) and on a system that does not say (a partitioned one, whose ranks must agree)

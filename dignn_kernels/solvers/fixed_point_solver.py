@@ -1,7 +1,7 @@
 r"""The fixed point: the paper's iteration (eq. iter), Z <- X + cy.Z + rs.(W Z), with its
 stopping test ||Z_t - Z_{t-1}||_F <= tol ||Z_t||_F. It converges only when
-mu > lambda_max(Delta) (corollary 4.3), at rate lambda_max / mu; a divergence certificate
-(:func:`fixed_point`) stops it where it provably diverges.
+mu > lambda_max(Delta) (the well-posedness corollary), at rate lambda_max / mu; a divergence
+certificate (:func:`fixed_point`) stops it where it provably diverges.
 
 16-bit storage (``storage_dtype``, this solver only): the iterates are kept in bfloat16 or
 float16 from Z_1 = round(X) on; every sweep computes in the dtype of the weights (the row pass

@@ -1,6 +1,6 @@
 r"""The solvers of the implicit layer, written once over the pass interface: every sweep is a
 row pass of :class:`~dignn_kernels.solvers.system.EquilibriumSystem`, so every backend runs
-them. The layer's equilibrium (paper eq. 10) is Z = X - (1/mu) Delta Z with Delta = C^-1 L,
+them. The layer's equilibrium (paper eq. 17) is Z = X - (1/mu) Delta Z with Delta = C^-1 L,
 C = diag(chi), L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`).
 
 The solvers are registered by name (:mod:`.registry`, one signature), one module each:

@@ -1,7 +1,7 @@
 """The differentiable solve: one custom op, ``dignn::implicit_solve``, with one autograd
 registration, for every backend and solver, and its entry :func:`implicit_diffusion`.
 
-The op runs the equilibrium Z = X - (1/mu) Delta Z (paper eq. 10) with the chosen solver on
+The op runs the equilibrium Z = X - (1/mu) Delta Z (paper eq. 17) with the chosen solver on
 the chosen backend's passes; a backend with a fused solve
 (:class:`~dignn_kernels.backends.interface.FusedSolve`) runs the fixed point in its own loop
 instead. Its backward is implicit differentiation (appendix "Training for DIGNNs"): the
@@ -177,7 +177,7 @@ _UNSCALED_FLOAT16 = (1.0, 2.0)
 
 def _rescaling(t: Tensor, storage_dtype: Optional[torch.dtype] = None):
     """(scale, unscale) for a solve with right-hand side ``t``, or None: powers of two with
-    max|t| * scale in [1, 2). The equilibrium (paper eq. 10) and its adjoint are linear in
+    max|t| * scale in [1, 2). The equilibrium (paper eq. 17) and its adjoint are linear in
     their right-hand side, and a power of two scales every iterate, norm and dot product
     exactly, so the solve of t * scale times unscale is the solve of t, bit for bit, except
     that nothing overflows (features near 1e30 in float32: 1e60 squares; float16 iterates
@@ -417,7 +417,7 @@ def _transposed_adjoint(rowptr: Tensor, col: Tensor, w: Tensor, kappa: Tensor, c
                         t_perm: Optional[Tensor], config: tuple) -> Tuple[Tensor, Tensor]:
     """The adjoint u = (I + Delta^T/mu)^-1 g as a differentiable call of the same solve, and
     its stats. Delta^T = (K - W^T) R with R = C^-1 (0 on guard rows), so v = R u solves
-    v = R g - (1/mu) R (K - W^T) v: the equilibrium of eq. 10 on W^T with right-hand side
+    v = R g - (1/mu) R (K - W^T) v: the equilibrium of eq. 17 on W^T with right-hand side
     R g (guard rows: R g = 0, kept, so v_i = 0), and u = g - (1/mu) (K - W^T) v on every row
     (on a diffusing row that is chi_i v_i). W^T is the transposed CSR with the values
     W[t_perm] (also on a symmetric graph, so that each entry's derivative reaches its own
@@ -731,10 +731,10 @@ def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
     if diverged and solver == "fixed_point":
         warnings.warn(
             f"solver='fixed_point' diverged at mu={mu:g}: the iteration Z <- X - (1/mu) Delta Z "
-            f"only converges when mu > lambda_max(Delta) (paper corollary 4.3), and mu={mu:g} "
-            f"is below lambda_max here, so the output is not the equilibrium. Use solver='cg' "
-            f"(converges for every mu > 0 on undirected graphs) or solver='anderson', or raise "
-            f"mu.", DivergenceWarning, stacklevel=stacklevel + 1)
+            f"only converges when mu > lambda_max(Delta) (the paper's well-posedness "
+            f"corollary), and mu={mu:g} is below lambda_max here, so the output is not the "
+            f"equilibrium. Use solver='cg' (converges for every mu > 0 on undirected graphs) or "
+            f"solver='anderson', or raise mu.", DivergenceWarning, stacklevel=stacklevel + 1)
     else:
         warnings.warn(
             f"solver={solver!r} did not converge at mu={mu:g}: relative residual "
@@ -755,7 +755,7 @@ def implicit_diffusion(rowptr: Tensor, col: Tensor, edge_value: Tensor, x: Tenso
                        host_checks: Optional[bool] = None,
                        trusted: bool = False,
                        storage_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
-    """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 10), differentiable in
+    """The differentiable equilibrium Z = X - (1/mu) Delta Z (paper eq. 17), differentiable in
     x, chi, p and q (and in fixed edge values and kappa) by implicit differentiation: in
     reverse mode to any order (``create_graph=True``: second derivatives, Hessian-vector
     products), in forward mode (``torch.func.jvp``, ``torch.autograd.forward_ad``; not

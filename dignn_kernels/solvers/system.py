@@ -1,4 +1,4 @@
-"""The maps of one equilibrium problem on a backend's passes (paper eq. 10 and its adjoint).
+"""The maps of one equilibrium problem on a backend's passes (paper eq. 17 and its adjoint).
 
 The layer's equilibrium is Z = X - (1/mu) Delta Z with Delta = C^-1 L, C = diag(chi),
 L = K - W, K = diag(kappa) (:mod:`dignn_kernels.laplacian`). Every map below is one row pass

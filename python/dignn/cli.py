@@ -579,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dignn``: every value is checked here, before any data is read
     (numbers against their ranges, names against the choices, with the close ones named)."""
     # Only torch-free modules here: `dignn --help` must not wait for torch to import.
-    parser = _Parser(prog="dignn", description=__doc__.split("\n\n")[1],
+    parser = _Parser(prog="dignn", description=__doc__.split("\n\n")[1].replace("``", ""),
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_Version)
     # (a missing command is refused by _Parser.parse_args, which names the commands)

@@ -10,7 +10,7 @@ and the layer's output need not be the fixed point.
 How Delta is applied: ``torch.ops.dignn.diffusion_step(rowptr, col, w, chi, kappa, x=0, z=v,
 mu)`` returns x - (1/mu) Delta v, so Delta v = -mu * diffusion_step(..., x=0, z=v, mu).
 
-Delta = C^-1 (K - W) with C = diag(chi), K = diag(kappa) (eq. 9) is not symmetric, but on a
+Delta = C^-1 (K - W) with C = diag(chi), K = diag(kappa) (eq. 6) is not symmetric, but on a
 graph with symmetric edge values W is symmetric and Delta is self-adjoint in the vertex inner
 product <u, v>_chi = sum_i chi_i u_i v_i (def. "Inner Product on the Vertex Space"): its
 eigenvalues are real, >= 0, and the Rayleigh quotient <v, Delta v>_chi / <v, v>_chi of any v
@@ -60,7 +60,7 @@ class MuBelowSpectrumWarning(UserWarning):
 
 @dataclass
 class LaplacianOperator:
-    """Delta in the kernels' form (eq. 9): (Delta Z)_i = (kappa_i z_i - (W Z)_i) / chi_i."""
+    """Delta in the kernels' form (eq. 6): (Delta Z)_i = (kappa_i z_i - (W Z)_i) / chi_i."""
 
     rowptr: Tensor
     col: Tensor
