@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -133,6 +134,30 @@ def _added(rel):
     return (lines[-2], lines[-1]) if out.returncode == 0 and len(lines) >= 2 else None
 
 
+_ABSOLUTE = re.compile(r"(?<![\w./~-])/[^\s`'\"]+")
+
+
+def _portable(command: str) -> str:
+    """A recorded command as a reader types it in a checkout: an absolute path of the
+    measuring machine becomes the data root (``../shared/data``), ``python``, or its last
+    component; a script named by bench/'s former flat layout, its path now."""
+    def absolute(m):
+        path = m.group(0)
+        if "/shared/data" in path:
+            return "../shared/data" + path.split("/shared/data", 1)[1]
+        if Path(path).name.startswith("python"):
+            return "python"
+        return Path(path).name or path
+
+    def script(m):
+        rel = m.group(0)
+        if (ROOT / rel).exists():
+            return rel
+        found = sorted(ROOT.glob(f"bench/*/{Path(rel).name}"))
+        return found[0].relative_to(ROOT).as_posix() if len(found) == 1 else rel
+    return re.sub(r"\bbench/[\w./-]+\.(?:py|sh)\b", script, _ABSOLUTE.sub(absolute, command))
+
+
 def _prov_line(rel, device, commit, date, command, note=None):
     """One provenance line. ``command`` is a string or (command, where it comes from); a
     commit or date the file does not hold (NOT_RECORDED) is the git commit's that added the
@@ -147,9 +172,9 @@ def _prov_line(rel, device, commit, date, command, note=None):
             commit = commit or f"{added[0]} (the git commit that added the file)"
             date = date or f"{added[1]} (that commit's)"
     if isinstance(command, tuple):
-        command = f"`{command[0]}` ({command[1]})"
+        command = f"`{_portable(command[0])}` ({command[1]})"
     elif command is not NOT_RECORDED:
-        command = f"`{command}`"
+        command = f"`{_portable(command)}`"
     line = f"`bench/results/{rel}`: device {device or NONE}; commit {commit}; date {date}"
     if command is not NOT_RECORDED:
         line += f"; command {command}"
@@ -427,7 +452,7 @@ def papers100m_model():
     table = _table(["GPUs", "halo fractions of", "halo / owned rows", "exchange per GPU per sweep"]
                    + [f"{link}: compute + exchange" for link in links] + ["memory per GPU"],
                    rows, ["---:", "---", "---:", "---:"] + ["---:"] * len(links) + ["---:"])
-    line = _prov_line(rel, "none: " + d.get("what", "a model"), NOT_RECORDED,
+    line = _prov_line(rel, "none: " + _portable(d.get("what", "a model")), NOT_RECORDED,
                       NOT_RECORDED, "python bench/distributed/distributed_model.py")
     return table + "\n\n" + _provenance_block([line])
 

@@ -110,3 +110,24 @@ def test_readme_example_runs(capsys):
     exec(compile(blocks[0], "README.md", "exec"), {})
     iterations, relative_residual, backend = capsys.readouterr().out.split()
     assert int(iterations) >= 1 and float(relative_residual) >= 0 and backend
+
+
+@pytest.mark.parametrize("name", sorted(render.TABLES))
+def test_rendered_commands_are_portable(name):
+    """A recorded command as a reader copies it: no absolute path of the machine that
+    measured, and every bench/ script it names exists in this checkout."""
+    import re
+    text = render.TABLES[name]()
+    for path in re.findall(r"(?<![\w./~-])/(?:work|root|home|tmp|opt|mnt)/[^\s`]*", text):
+        raise AssertionError(f"{name}: absolute path {path!r} in a rendered command: "
+                             f"docs/render_results.py's _portable should map it")
+    for script in re.findall(r"\bbench/[\w./-]+\.(?:py|sh)\b", text):
+        assert (ROOT / script).exists(), f"{name}: {script} does not exist"
+
+
+def test_portable_maps_the_measuring_machine_away():
+    got = render._portable("dignn train --data-root /work/shared/data/x --cache-dir /work/cache "
+                           "--json /tmp/runs/a.json DIGNN_AUTHORS=/opt/authors "
+                           "/usr/bin/python3 bench/peers.py")
+    assert got == ("dignn train --data-root ../shared/data/x --cache-dir cache --json a.json "
+                   "DIGNN_AUTHORS=authors python bench/peers/peers.py")
