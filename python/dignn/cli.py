@@ -553,6 +553,22 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                     help="with --checkpoint: continue the run saved there (same dataset, "
                          "settings and splits); the per-epoch losses are those of the "
                          "uninterrupted run")
+    lg = t.add_argument_group("configuration files and logs")
+    lg.add_argument("--config", metavar="FILE.toml", default=None,
+                    help="read the options from a TOML file: one key per flag, its name "
+                         "without the dashes (data-root or data_root = \"../data\", epochs = "
+                         "200, splits = [0, 1], progress = false); flags given here override "
+                         "the file")
+    lg.add_argument("--print-config", action="store_true",
+                    help="print the resolved options (--config, then the flags) as TOML that "
+                         "--config reads back, and exit without training")
+    lg.add_argument("--log-dir", metavar="DIR", default=None,
+                    help="write per-epoch logs: DIR/<dataset>/split_<k>.csv (epoch, "
+                         "train_loss, train_acc, val_loss, val_acc, test_acc, lambda_max, "
+                         "solver_iterations, ms_per_epoch) and a TensorBoard run "
+                         "DIR/<dataset>/split_<k>/ with the same scalars (needs tensorboard: "
+                         "pip install \"dignn-kernels[logs]\"); rows are written at the "
+                         "--sync-every reads")
     dd = t.add_argument_group("training across processes (torchrun)")
     dd.add_argument("--distributed", action="store_true",
                     help="train the node model full-graph over the processes torchrun "
@@ -973,6 +989,53 @@ def _data_root_error(args, names: Sequence[str]) -> Optional[str]:
     return None
 
 
+def _log_dir_error(path) -> Optional[str]:
+    """Why ``--log-dir`` cannot hold the logs (None: it can, or only writing will tell)."""
+    text = os.fspath(path)
+    if not text.strip():
+        return "--log-dir is empty; give a folder such as logs"
+    try:
+        folder = Path(text).expanduser()
+        if folder.exists() and not folder.is_dir():
+            return (f"--log-dir {text!r} is a file, not a folder; give a folder (it gets "
+                    f"<dataset>/split_<k>.csv and TensorBoard runs)")
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _config_arguments(parser, argv: Sequence[str], config):
+    """The arguments of ``argv`` with the options of the file ``config`` (``--config``) under
+    the flags given in ``argv``, which override them; a :class:`dignn.config.ConfigError`
+    for a file that cannot be used."""
+    from .config import load_config
+    train = _subcommand(parser, "train")
+    values = load_config(config, train)
+    saved = {a.dest: a.default for a in train._actions if a.dest in values}
+    train.set_defaults(**values)
+    try:
+        merged = parser.parse_args(argv)
+    finally:
+        train.set_defaults(**saved)
+    merged.config_values = values
+    return merged
+
+
+def _subcommand(parser, name: str):
+    """The parser of the subcommand ``name`` of ``parser``."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return subs[0].choices[name]
+
+
+def _print_config(parser, args) -> int:
+    from .config import to_toml
+    header = ("dignn train options (dignn train --config FILE reads them; flags given with "
+              "it override them)")
+    sys.stdout.write(to_toml(args, _subcommand(parser, "train"), header))
+    sys.stdout.flush()
+    return 0
+
+
 def _early_error(args) -> Optional[str]:
     """The first input error of ``args`` that needs no data and no torch (None: none):
     options that do not go together, --splits past the dataset's splits, a data root that
@@ -986,6 +1049,11 @@ def _early_error(args) -> Optional[str]:
         checks += [lambda: _checkpoint_option_error(args)]
         if not args.distributed and args.partition_file is not None:
             checks += [lambda: "--partition-file applies to --distributed runs"]
+        if args.distributed and args.log_dir is not None:
+            checks += [lambda: "--log-dir applies to runs in one process, not to "
+                               "--distributed runs"]
+        if args.log_dir is not None:
+            checks += [lambda: _log_dir_error(args.log_dir)]
     if args.command == "plot":
         names = args.datasets if args.figure == "convergence" else [args.dataset]
         checks += [lambda: _data_root_error(args, names)]
@@ -1063,6 +1131,32 @@ def _train(args) -> int:
     return code
 
 
+def _epoch_logs(args):
+    """The :class:`dignn.logs.EpochLogs` of ``--log-dir`` (None without it), its folder made
+    now (a folder that cannot be made is refused before any data is read); without the
+    tensorboard package it says in one line that only the CSV files are written."""
+    from .logs import TENSORBOARD_HINT, EpochLogs, tensorboard_available
+    if args.log_dir is None:
+        return None
+    bad = _log_dir_error(args.log_dir)
+    if bad is not None:
+        raise ValueError(bad)
+    folder = Path(args.log_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--log-dir {args.log_dir!r} cannot be made: "
+                         f"{err.strerror or err}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--log-dir {args.log_dir!r} takes no files (no permission to "
+                         f"write there); give a folder you can write to")
+    tensorboard = tensorboard_available()
+    if not tensorboard:
+        builtins.print(f"note: --log-dir writes the CSV logs only; {TENSORBOARD_HINT}",
+                       file=sys.stderr, flush=True)
+    return EpochLogs(folder, tensorboard=tensorboard)
+
+
 def _train_run(args, distributed=None) -> int:
     """``dignn train`` in one process, or (``distributed``: (rank, world size, device)) on
     one rank of a distributed run, where rank 0 alone prints and writes. A bad input raises
@@ -1086,6 +1180,7 @@ def _train_run(args, distributed=None) -> int:
         device = distributed[2]
     _check_outputs(args, write=not quiet)
     checkpoint = _checkpointing(args, write=not quiet)
+    epoch_log = _epoch_logs(args) if not quiet else None
     key, preset_name = _preset_of(args)
     config = preset_config(key, args.laplacian, args.preset, **_override_values(args))
     check_training_numbers(config)
@@ -1126,7 +1221,8 @@ def _train_run(args, distributed=None) -> int:
     args.training_memory = _start_training_memory()
     run = train(dataset, config, args.splits, progress=args.progress and not quiet,
                 on_split=report, device=device, compile_model=args.compile,
-                sync_every=args.sync_every, checkpoint=checkpoint, fit=fit)
+                sync_every=args.sync_every, checkpoint=checkpoint, fit=fit,
+                epoch_log=epoch_log)
     total = time.perf_counter() - start
     if args.protocol == "gin":
         cv = gin_score(run.splits)
@@ -1370,6 +1466,9 @@ def _output_option(args, path) -> Optional[str]:
         value = getattr(args, attr, None)
         if value is not None and resolved(value) == resolved(path):
             return option
+    log_dir = getattr(args, "log_dir", None)
+    if log_dir is not None and Path(resolved(path)).is_relative_to(resolved(log_dir)):
+        return "--log-dir"
     return None
 
 
@@ -1440,8 +1539,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     and what to do>``; 130 after Ctrl-C (SIGINT), said in one line (with, for a
     checkpointed run, whether it can be resumed)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, for --json
+    if args.command == "train" and args.config is not None:
+        from .config import ConfigError
+        try:
+            args = _config_arguments(parser, argv, args.config)
+        except ConfigError as err:
+            print(f"dignn train: error: {err}", file=sys.stderr, flush=True)
+            return 2
+    if args.command == "train" and args.print_config:
+        return _print_config(parser, args)
+    args.argv = argv  # the command, for --json
     if getattr(args, "checkpoint", None) is not None:  # after Ctrl-C: did this run save it?
         args.checkpoint_state = _file_state(args.checkpoint)
     try:

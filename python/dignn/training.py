@@ -728,11 +728,16 @@ class _Selector:
             self.stopped_at = torch.where(out_of_patience, epoch, self.stopped_at)
         self.rows.append(torch.cat([metrics, train_loss.detach().double().reshape(1)]))
 
-    def poll(self, train_loss: Tensor) -> List[float]:
+    def poll(self, train_loss: Tensor, extra: Optional[Tensor] = None):
         """One host read: [training loss, best val score, its test score, stopped-at
-        epoch]."""
-        return torch.stack([train_loss.detach().double().reshape(()), self.best[0],
-                            self.best_test, self.stopped_at.double()]).tolist()
+        epoch]; with ``extra`` (a float64 vector on the device, e.g. the rows of an epoch
+        log) read in the same copy: (those four, ``extra``'s values)."""
+        polled = torch.stack([train_loss.detach().double().reshape(()), self.best[0],
+                              self.best_test, self.stopped_at.double()])
+        if extra is None:
+            return polled.tolist()
+        values = torch.cat([polled, extra.reshape(-1)]).tolist()
+        return values[:4], values[4:]
 
     def result(self, split: int, seconds: float, epochs_trained: int, lam_start: float,
                lam_end: float) -> SplitResult:
@@ -824,25 +829,126 @@ def _check_sync_every(sync_every: int) -> None:
         raise ValueError(f"sync_every must be a positive integer, got {sync_every!r}")
 
 
+class _EpochRecorder:
+    """The per-epoch rows of a :class:`dignn.logs.SplitLog`, kept on the device until the
+    loop's host reads: the model selection's metric rows (``_Selector.rows``), the implicit
+    layer's forward iterations in each epoch's training step (a forward hook that keeps the
+    layer's stats tensor, unread) and the host's epoch times. :meth:`pending` is what the next
+    poll reads with its own values; :meth:`flush` writes the rows from what it read."""
+
+    def __init__(self, log, model, sel: _Selector, device: torch.device):
+        self.log, self.sel, self.device = log, sel, device
+        self.written = 0  # rows of sel.rows already in the log
+        self.iterations: Dict[int, Tensor] = {}  # epoch -> float64 scalar on the device
+        self.seconds: Dict[int, float] = {}  # epoch -> host wall time of the epoch
+        self.block: List[int] = []  # the epochs trained since the last flush
+        self.block_start: Optional[float] = None
+        self.solves: List[Tensor] = []
+        self.nan = torch.full((), math.nan, dtype=torch.float64, device=device)
+        layer = getattr(model, "diffusion", None)
+        self.hook = None if layer is None else layer.register_forward_hook(self._forward)
+
+    def _forward(self, layer, args, out) -> None:
+        stats = getattr(layer, "_stats", None)
+        if layer.training and isinstance(stats, Tensor) and stats.numel() > 0:
+            self.solves.append(stats.reshape(-1)[0])
+
+    def epoch_done(self, epoch: int, start: float, end: float) -> None:
+        if self.solves:
+            its = torch.stack([s.to(self.device, torch.float64) for s in self.solves]).mean()
+        else:
+            its = self.nan
+        self.solves = []
+        self.iterations[epoch] = its
+        self.seconds[epoch] = end - start
+        if self.block_start is None:
+            self.block_start = start
+        self.block.append(epoch)
+
+    def pending(self) -> Tensor:
+        """The rows not yet written (7 values each), then their iterations: one float64
+        vector on the device."""
+        rows = self.sel.rows[self.written:]
+        if not rows:
+            return self.nan.reshape(0)
+        epochs = range(self.written + 1, len(self.sel.rows) + 1)
+        its = [self.iterations.get(e, self.nan) for e in epochs]
+        return torch.cat([torch.stack(rows).reshape(-1), torch.stack(its)])
+
+    def flush(self, values: List[float], stopped: int) -> None:
+        """Writes the rows of ``values`` (what :meth:`pending` held, as read), up to the
+        epoch ``stopped`` at when patience ran out (0: all)."""
+        width = len(_METRICS) + 1
+        count = len(values) // (width + 1)
+        first = self.written + 1
+        if self.device.type == "cuda" and self.block:  # the host waited only at the read
+            mean = (time.perf_counter() - self.block_start) / len(self.block)
+            times = {e: mean for e in self.block}
+        else:
+            times = self.seconds
+        rows = []
+        for k in range(count):
+            epoch = first + k
+            if stopped and epoch > stopped:
+                break
+            r = values[k * width:(k + 1) * width]
+            its = values[count * width + k]
+            seconds = times.get(epoch)
+            rows.append({"epoch": epoch, "train_loss": r[6], "train_acc": r[0],
+                         "val_loss": r[4], "val_acc": r[1], "test_acc": r[2],
+                         "lambda_max": None,
+                         "solver_iterations": its if math.isnan(its) or not its.is_integer()
+                         else int(its),
+                         "ms_per_epoch": None if seconds is None else 1000.0 * seconds})
+        self.log.write(rows)
+        self.written += count
+        self.block, self.block_start = [], None
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+
 def _run_epochs(config: TrainConfig, model, sel: _Selector, bar, sync_every: int,
                 epoch_fn: Callable[[], Tensor], device: torch.device,
-                saver: Optional["_SplitSaver"] = None):
+                saver: Optional["_SplitSaver"] = None, log=None):
     """The epoch loop shared by node and graph tasks: ``epoch_fn`` trains one epoch and
     returns (training loss, metric vector), both on the device. ``saver``: checkpoints every
-    few epochs, and where a resumed split starts. Returns (seconds, epochs), both counting
-    the epochs trained before a resume."""
+    few epochs, and where a resumed split starts. ``log``: a :class:`dignn.logs.SplitLog`
+    that gets each epoch's row at the host reads (no read of its own). Returns (seconds,
+    epochs), both counting the epochs trained before a resume."""
+    recorder = None if log is None else _EpochRecorder(log, model, sel, device)
+    try:
+        return _epoch_loop(config, sel, bar, sync_every, epoch_fn, device, saver, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def _epoch_loop(config: TrainConfig, sel: _Selector, bar, sync_every: int,
+                epoch_fn: Callable[[], Tensor], device: torch.device,
+                saver: Optional["_SplitSaver"], recorder: Optional[_EpochRecorder]):
     first, seconds_before = (1, 0.0) if saver is None else saver.resume_point()
     if bar is not None and first > 1:
         bar.update(first - 1)
     start = time.perf_counter()
     epoch = first - 1
     for epoch in range(first, config.epochs + 1):
+        began = time.perf_counter() if recorder is not None else 0.0
         loss, metrics = epoch_fn()
         sel.update(epoch, metrics, loss)
+        if recorder is not None:
+            recorder.epoch_done(epoch, began, time.perf_counter())
         if saver is not None and saver.due(epoch) and epoch < config.epochs:
             saver.save(epoch, seconds_before + time.perf_counter() - start)
         if epoch % sync_every == 0 or epoch == config.epochs:
-            loss_value, best_val, best_test, stopped = sel.poll(loss)
+            if recorder is None:
+                loss_value, best_val, best_test, stopped = sel.poll(loss)
+            else:
+                polled, rows = sel.poll(loss, recorder.pending())
+                loss_value, best_val, best_test, stopped = polled
+                recorder.flush(rows, int(stopped))
             if bar is not None:  # the numbers first: the update draws them with its count
                 bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{best_val:.3f}",
                                 test=f"{best_test:.3f}", refresh=False)
@@ -858,11 +964,13 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
                      progress: bool = True, keep_model: bool = False, *,
                      device: Union[str, torch.device, None] = None,
                      compile_model: bool = False, sync_every: int = 10,
-                     checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
+                     checkpoint: Optional[_RunCheckpoint] = None,
+                     log=None) -> SplitResult:
     """Trains and selects one model on split ``split``. ``device``: where (default: where
     ``dataset`` is); ``compile_model``: ``torch.compile`` the model's forward;
     ``sync_every``: epochs between host reads (progress bar, patience); ``checkpoint``:
-    :func:`train`'s checkpoint of the run (saves, and the state to resume from)."""
+    :func:`train`'s checkpoint of the run (saves, and the state to resume from); ``log``: a
+    :class:`dignn.logs.SplitLog` that gets a row per epoch (written at the host reads)."""
     _check_sync_every(sync_every)
     device = dataset.device if device is None else resolve_device(device)
     dataset = dataset.to(device)
@@ -887,7 +995,7 @@ def train_node_split(dataset: NodeDataset, config: TrainConfig, split: int,
             return loss.detach(), sets.metrics(model(x, ei), y)
 
     seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device,
-                                   saver)
+                                   saver, log)
     return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
                          lambda: _spectral(model, x, ei,
                                            f"{dataset.name} split {split}, after training"),
@@ -1013,8 +1121,8 @@ def _evaluate_batches(model, task, batches, device: torch.device) -> Tensor:
 
 def _train_batched_split(dataset, task, config: TrainConfig, split: int, progress: bool,
                          keep_model: bool, device, compile_model: bool,
-                         sync_every: int, checkpoint: Optional[_RunCheckpoint] = None
-                         ) -> SplitResult:
+                         sync_every: int, checkpoint: Optional[_RunCheckpoint] = None,
+                         log=None) -> SplitResult:
     """One split of a task on many graphs: shuffled mini-batches of ``config.batch_size``
     training graphs (seeded with ``config.seed + split``) copied to the device from pinned
     memory without blocking; evaluation on the training, validation and test graphs in
@@ -1052,7 +1160,7 @@ def _train_batched_split(dataset, task, config: TrainConfig, split: int, progres
         return total[0] / total[1].clamp_min(1), score_loss.t().reshape(6)
 
     seconds, trained = _run_epochs(config, model, sel, bar, sync_every, epoch_fn, device,
-                                   saver)
+                                   saver, log)
     return _finish_split(model, sel, bar, split, seconds, trained, lam_start,
                          lambda: _spectral(model, first.x, first.edge_index,
                                            f"{where}, after training"),
@@ -1063,26 +1171,29 @@ def train_graph_split(dataset: GraphDataset, config: TrainConfig, split: int,
                       progress: bool = True, keep_model: bool = False, *,
                       device: Union[str, torch.device, None] = None,
                       compile_model: bool = False, sync_every: int = 10,
-                      checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
+                      checkpoint: Optional[_RunCheckpoint] = None,
+                      log=None) -> SplitResult:
     """As :func:`train_node_split` for graph classification (fold ``split``): batches of
     graphs are copied to ``device`` (default: the CPU) from pinned memory, without
     blocking."""
     return _train_batched_split(dataset, _GraphClassification, config, split, progress,
-                                keep_model, device, compile_model, sync_every, checkpoint)
+                                keep_model, device, compile_model, sync_every, checkpoint,
+                                log)
 
 
 def train_multilabel_split(dataset: InductiveDataset, config: TrainConfig, split: int = 0,
                            progress: bool = True, keep_model: bool = False, *,
                            device: Union[str, torch.device, None] = None,
                            compile_model: bool = False, sync_every: int = 10,
-                           checkpoint: Optional[_RunCheckpoint] = None) -> SplitResult:
+                           checkpoint: Optional[_RunCheckpoint] = None,
+                           log=None) -> SplitResult:
     """As :func:`train_node_split` for multi-label node classification across graphs (PPI,
     appendix table tab:tab4): trains on batches of ``config.batch_size`` training graphs with
     binary cross-entropy over every label, selects the epoch of the best validation micro-F1
     (ties: lower validation loss) and reports the test micro-F1 there, each computed over all
     nodes of the set's graphs. ``device`` defaults to the CPU."""
     return _train_batched_split(dataset, _MultiLabel, config, split, progress, keep_model,
-                                device, compile_model, sync_every, checkpoint)
+                                device, compile_model, sync_every, checkpoint, log)
 
 
 def train(dataset: Dataset, config: TrainConfig,
@@ -1090,7 +1201,7 @@ def train(dataset: Dataset, config: TrainConfig,
           on_split: Optional[Callable[[SplitResult], None]] = None, *,
           device: Union[str, torch.device, None] = "auto", compile_model: bool = False,
           sync_every: int = 10, checkpoint: Optional[Checkpointing] = None,
-          fit: Optional[Callable[..., SplitResult]] = None) -> RunResult:
+          fit: Optional[Callable[..., SplitResult]] = None, epoch_log=None) -> RunResult:
     """Trains one model per split in ``splits`` (default: all) on ``device`` (``"auto"``: the
     GPU when one is visible) and collects the results, scored by the dataset's task
     (:data:`TASK_METRICS`: accuracy, or micro-F1 for multi-label PPI); ``on_split`` is called
@@ -1099,7 +1210,8 @@ def train(dataset: Dataset, config: TrainConfig,
     is the number of epochs between host reads. ``checkpoint``: save the run's state there
     and, with ``resume``, continue from it (:class:`Checkpointing`). ``fit``: what trains
     one split (default: the task's ``train_*_split``; :mod:`dignn.distributed` passes its
-    own).
+    own). ``epoch_log``: a :class:`dignn.logs.EpochLogs` (``--log-dir``) that gets a CSV
+    (and TensorBoard) log of every split trained, written at the host reads.
 
     Args:
         dataset: a NodeDataset, GraphDataset or InductiveDataset (:func:`dignn.load_dataset`,
@@ -1113,6 +1225,7 @@ def train(dataset: Dataset, config: TrainConfig,
         sync_every: epochs between host reads (>= 1).
         checkpoint: a :class:`Checkpointing`, or None.
         fit: what trains one split, or None.
+        epoch_log: a :class:`dignn.logs.EpochLogs`, or None.
 
     Returns:
         RunResult: the splits' results, scored by the task's metric.
@@ -1151,12 +1264,24 @@ def train(dataset: Dataset, config: TrainConfig,
     saved = None if checkpoint is None else _RunCheckpoint(
         checkpoint, {"dataset": dataset.name, "task": dataset.task, "splits": splits,
                      "config": config.as_dict()})
+    if epoch_log is not None:
+        import inspect
+        if "log" not in inspect.signature(fit).parameters:
+            raise ValueError("per-epoch logs (epoch_log, --log-dir) are written by the "
+                             "built-in training of one process; this fit takes no log")
     for k in splits:
         result = None if saved is None else saved.finished_result(k)
         if result is None:
-            result = fit(dataset, config, k, progress, device=device,
-                         compile_model=compile_model, sync_every=sync_every,
-                         checkpoint=saved)
+            log = None if epoch_log is None else epoch_log.split(dataset.name, k)
+            try:
+                result = fit(dataset, config, k, progress, device=device,
+                             compile_model=compile_model, sync_every=sync_every,
+                             checkpoint=saved, **({} if log is None else {"log": log}))
+                if log is not None:
+                    log.finish(result.lambda_max_end, result.best_epoch)
+            finally:
+                if log is not None:
+                    log.close()
             if saved is not None:
                 saved.finish_split(result)
         run.splits.append(result)
