@@ -121,6 +121,7 @@ NUMERIC = {
     "plot convergence": {**RUN, "--mu": (["0", "-2"], "2"), "--max-iter": (["0"], "1")},
     "plot mu": {**RUN, "--mus": (["1,0", "1,-2", "1,nan", ""], "1,1.25"),
                 "--max-iter": (["0"], "1")},
+    "plot curves": {},  # reads the logs of dignn train --log-dir: no numeric flag
 }
 REQUIRED = {"sweep": ["--grid", "mu=2"]}
 

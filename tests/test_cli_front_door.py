@@ -51,7 +51,7 @@ def test_no_command_names_the_commands(capsys):
     assert "a command is required: train, sweep or plot" in err
     err = refused(["plot"], capsys)
     assert err.startswith("usage: dignn plot") and \
-        "a figure is required: convergence or mu" in err
+        "a figure is required: convergence, mu or curves" in err
 
 
 # ---------------------------------------------------------------------- did you mean --

@@ -298,3 +298,41 @@ def test_bad_log_dirs(tmp_path, capsys, no_data):
     assert "--log-dir" in err and "is a file, not a folder" in err
     err = refused(["--log-dir", str(tmp_path), "--distributed"], capsys)
     assert "--log-dir applies to runs in one process" in err
+
+
+# ------------------------------------------------------------------ plot curves --
+
+def test_plot_curves_draws_the_logs(tmp_path, capsys):
+    logs = EpochLogs(tmp_path / "logs", tensorboard=False)
+    for split, start in ((0, 1.5), (3, 1.2)):
+        log = logs.split("csbm", split)
+        log.write([{"epoch": e, "train_loss": start / e, "val_loss": start / e + 0.1,
+                    "train_acc": 0.1 * e, "val_acc": 0.08 * e, "test_acc": 0.07 * e}
+                   for e in range(1, 5)])
+        log.finish(2.5, 4)
+    out = tmp_path / "figs" / "curves.png"
+    assert cli.main(["plot", "curves", str(tmp_path / "logs"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["csbm/split_0: 4 epochs, training loss 1.5 -> 0.375, best validation "
+                    "accuracy 32.00% at epoch 4",
+                    "csbm/split_3: 4 epochs, training loss 1.2 -> 0.3, best validation "
+                    "accuracy 32.00% at epoch 4",
+                    f"wrote {out}"]
+    # the default: DIR/curves.png
+    assert cli.main(["plot", "curves", str(tmp_path / "logs")]) == 0
+    assert (tmp_path / "logs" / "curves.png").stat().st_size > 10_000
+
+
+def test_plot_curves_without_logs_is_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "split_0.csv").write_text("a,b\n1,2\n")  # not a dignn log
+    for folder, said in ((tmp_path / "empty", "no per-epoch logs in"),
+                         (tmp_path / "other", "no per-epoch logs in"),
+                         (tmp_path / "none", "does not exist")):
+        assert cli.main(["plot", "curves", str(folder)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("dignn plot: error: ") and said in err, err
+        assert len(err.splitlines()) == 1
+    assert not list((tmp_path / "empty").iterdir())

@@ -630,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(w, "--max-settings", type=POSITIVE_INT, default=64, metavar="N",
             help="refuse more than N settings (default: 64)")
 
-    p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study (PNG)")
+    p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study, or the "
+                                    "training curves of a --log-dir (PNG)")
     psub = p.add_subparsers(dest="figure", required=False)
     c = psub.add_parser("convergence", help="||Z_t - Z_{t-1}||_F against t")
     c.add_argument("--datasets", default=["csbm"], type=_node_datasets, metavar="A,B",
@@ -650,6 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="T (the paper: 10)")
     m.add_argument("--out", default="dignn_mu.png", metavar="PNG",
                    help="the figure's path (default: dignn_mu.png)")
+    cv = psub.add_parser("curves", help="loss and accuracy per epoch of the logs dignn train "
+                                        "--log-dir wrote, one line per split")
+    cv.add_argument("log_dir", metavar="DIR",
+                    help="the --log-dir of dignn train runs (its <dataset>/split_<k>.csv)")
+    cv.add_argument("--out", default=None, metavar="PNG",
+                    help="the figure's path (default: DIR/curves.png)")
     for q in (c, m):
         _add_data_args(q)
         _option(q, "--epochs", type=POSITIVE_INT, default=None, metavar="N",
@@ -1036,6 +1043,19 @@ def _print_config(parser, args) -> int:
     return 0
 
 
+def _curves_dir_error(path) -> Optional[str]:
+    """Why ``dignn plot curves DIR`` has no logs to draw in DIR (None: it may have)."""
+    try:
+        folder = Path(path).expanduser()
+        if folder.is_dir():
+            return None
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+    except (OSError, ValueError):
+        return None
+    return (f"no per-epoch logs: {path!r} {what}; give the --log-dir of a dignn train run "
+            f"(it holds <dataset>/split_<k>.csv)")
+
+
 def _early_error(args) -> Optional[str]:
     """The first input error of ``args`` that needs no data and no torch (None: none):
     options that do not go together, --splits past the dataset's splits, a data root that
@@ -1054,10 +1074,13 @@ def _early_error(args) -> Optional[str]:
                                "--distributed runs"]
         if args.log_dir is not None:
             checks += [lambda: _log_dir_error(args.log_dir)]
-    if args.command == "plot":
+    if args.command == "plot" and args.figure != "curves":
         names = args.datasets if args.figure == "convergence" else [args.dataset]
         checks += [lambda: _data_root_error(args, names)]
-    checks += [lambda: early_device_error(args.device)]
+    if args.command == "plot" and args.figure == "curves":
+        checks += [lambda: _curves_dir_error(args.log_dir)]
+    else:
+        checks += [lambda: early_device_error(args.device)]
     for check in checks:
         bad = check()
         if bad is not None:
@@ -1385,7 +1408,28 @@ def _sweep(args) -> int:
     return 0
 
 
+def _plot_curves(args) -> int:
+    """``dignn plot curves DIR``: the CSV logs of ``--log-dir`` drawn as one PNG."""
+    from .files import check_writable
+    from .logs import read_curves
+    out = args.out if args.out is not None else str(Path(args.log_dir) / "curves.png")
+    check_writable(out, "--out", "curves.png")
+    curves = read_curves(args.log_dir)
+    from . import plot
+    path = plot.plot_curves(curves, out)
+    for name, rows in curves.items():
+        best = max(rows, key=lambda r: (r["val_acc"] if r["val_acc"] == r["val_acc"]
+                                        else -1.0, -r["epoch"]))
+        print(f"{name}: {len(rows)} epochs, training loss {rows[0]['train_loss']:.4g} -> "
+              f"{rows[-1]['train_loss']:.4g}, best validation accuracy "
+              f"{100 * best['val_acc']:.2f}% at epoch {int(best['epoch'])}")
+    print(f"wrote {path}")
+    return 0
+
+
 def _plot(args) -> int:
+    if args.figure == "curves":
+        return _plot_curves(args)
     from . import plot
     from .files import write_atomically
     device = _run_setup(args, "dignn plot")

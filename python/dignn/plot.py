@@ -23,7 +23,7 @@ from .presets import preset_config
 from .spectral import fixed_point_residuals
 from .training import train_node_split
 
-__all__ = ["convergence_study", "mu_study", "plot_convergence", "plot_mu"]
+__all__ = ["convergence_study", "mu_study", "plot_convergence", "plot_mu", "plot_curves"]
 
 
 def _pyplot():
@@ -144,5 +144,37 @@ def plot_mu(study: Dict[str, List], path) -> Path:
         ax.grid(True, alpha=0.3)
     fig.suptitle(rf"Impact of $\mu$ on DIGNN-$\Delta_\Phi$ ({study['dataset']}, "
                  r"spectrally normalized $\Theta_\chi, \Theta_\phi$)")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_curves(curves: Dict[str, List[Dict[str, float]]], path) -> Path:
+    """The training curves of ``dignn train --log-dir`` (:func:`dignn.logs.read_curves`):
+    loss and accuracy against the epoch, one colour per split, training solid and validation
+    dashed."""
+    import math
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    for k, (name, rows) in enumerate(curves.items()):
+        color = colors[k % len(colors)]
+        epochs = [r["epoch"] for r in rows]
+        for ax, column, style, what in ((axes[0], "train_loss", "-", "train"),
+                                        (axes[0], "val_loss", "--", "val"),
+                                        (axes[1], "train_acc", "-", "train"),
+                                        (axes[1], "val_acc", "--", "val")):
+            values = [r[column] for r in rows]
+            if all(math.isnan(v) for v in values):
+                continue
+            scale = 100.0 if column.endswith("_acc") else 1.0
+            ax.plot(epochs, [scale * v for v in values], style, color=color,
+                    label=f"{name} {what}")
+    axes[0].set_ylabel("loss (train: training step; val: evaluation)")
+    axes[1].set_ylabel("accuracy (%)")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
+    fig.suptitle("DIGNN training curves (solid: train, dashed: validation)")
     fig.tight_layout()
     return _save(fig, plt, path)
