@@ -118,12 +118,16 @@ NUMERIC = {
     "train": {**TRAINING, "--checkpoint-every": (["0"], "1"),
               "--timeout": (["0", "-1", "inf", "1e9"], "0.5")},
     "sweep": {**TRAINING, "--max-settings": (["0"], "1")},
+    "tune": {**TRAINING, "--trials": (["0", "-1"], "1"), "--timeout": (["0", "-1", "inf"], "5"),
+             "--workers": (["0"], "1"), "--heartbeat": (["0"], "1"),
+             "--sampler-seed": ([str(2**62), "1.5"], "3"), "--pruner-startup": (["0"], "1"),
+             "--pruner-warmup": (["-1"], "0")},
     "plot convergence": {**RUN, "--mu": (["0", "-2"], "2"), "--max-iter": (["0"], "1")},
     "plot mu": {**RUN, "--mus": (["1,0", "1,-2", "1,nan", ""], "1,1.25"),
                 "--max-iter": (["0"], "1")},
     "plot curves": {},  # reads the logs of dignn train --log-dir: no numeric flag
 }
-REQUIRED = {"sweep": ["--grid", "mu=2"]}
+REQUIRED = {"sweep": ["--grid", "mu=2"], "tune": ["--trials", "1"]}
 
 
 def test_every_numeric_flag_is_listed():

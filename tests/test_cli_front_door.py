@@ -48,7 +48,7 @@ def test_version(capsys):
 
 def test_no_command_names_the_commands(capsys):
     err = refused([], capsys)
-    assert "a command is required: train, sweep or plot" in err
+    assert "a command is required: train, sweep, tune or plot" in err
     err = refused(["plot"], capsys)
     assert err.startswith("usage: dignn plot") and \
         "a figure is required: convergence, mu or curves" in err

@@ -591,6 +591,21 @@ def _add_train_only_args(t: argparse.ArgumentParser) -> None:
                  "cache and the partition")
 
 
+def _add_study_args(g, name_default: str, storage_default: str) -> None:
+    """The study options ``dignn tune`` and ``dignn sweep`` share."""
+    g.add_argument("--study-name", metavar="NAME", default=None,
+                   help=f"the study's name in the storage (default {name_default}); the same "
+                        f"name and storage resume it")
+    g.add_argument("--storage", metavar="URL", default=None,
+                   help=f"an Optuna storage: sqlite:///study.db, postgresql+psycopg2://user@"
+                        f"host/db, or a path (a SQLite file); default: {storage_default}")
+    _option(g, "--workers", type=POSITIVE_INT, default=1, metavar="K",
+            help="processes on this machine sharing the study (default 1)")
+    _option(g, "--heartbeat", type=POSITIVE_INT, default=10, metavar="SECONDS",
+            help="seconds between a running trial's heartbeats in the storage; a trial "
+                 "silent for twice that (a killed worker's) is marked failed (default 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dignn``: every value is checked here, before any data is read
     (numbers against their ranges, names against the choices, with the close ones named)."""
@@ -629,6 +644,45 @@ def build_parser() -> argparse.ArgumentParser:
                            '"dropout": 0.1}]')
     _option(w, "--max-settings", type=POSITIVE_INT, default=64, metavar="N",
             help="refuse more than N settings (default: 64)")
+
+    u = sub.add_parser("tune",
+                       help="search hyperparameters with Optuna (TPE, pruning) on validation "
+                            "accuracy; test accuracy is recorded, never used to choose",
+                       description="Runs an Optuna study: each trial trains the settings "
+                                   "suggested by the TPE sampler on the splits, its objective "
+                                   "the mean validation accuracy; unpromising trials are "
+                                   "pruned on their per-epoch validation accuracy. The "
+                                   "options of dignn train fix what is not tuned. Needs "
+                                   "pip install \"dignn-kernels[tune]\".")
+    _add_training_args(u, json_help="write the study: every trial's state, settings, "
+                                    "validation and test accuracies per split, and the best "
+                                    "trial (chosen on validation accuracy) with its config")
+    tu = u.add_argument_group("the study")
+    _option(tu, "--trials", type=POSITIVE_INT, required=True, metavar="N",
+            help="the finished (complete or pruned) trials the study should hold; a resumed "
+                 "study runs only the missing ones")
+    _option(tu, "--timeout", type=TIMEOUT, default=None, metavar="SECONDS",
+            help="start no trial after this many seconds (per worker)")
+    _add_study_args(tu, "dignn-<dataset>-<laplacian>",
+                    "a SQLite file beside --json (its name with .db), else "
+                    "dignn_tune_<dataset>.db here")
+    tu.add_argument("--space", metavar="FILE.toml", default=None,
+                    help="the search space: one table per setting, [mu] low = 1.0 high = 10.0 "
+                         "log = true, or [hidden] choices = [16, 32] (default: the paper's "
+                         "ranges of mu, lr, dropout, weight-decay, hidden and, for node "
+                         "datasets, input-unit)")
+    tu.add_argument("--export", metavar="FILE.toml", default=None,
+                    help="write the best trial's settings as a config file that dignn train "
+                         "--config reads")
+    _option(tu, "--sampler-seed", type=_seed_type(), default=0, metavar="S",
+            help="the TPE sampler's seed (worker k: S + k; default 0)")
+    tu.add_argument("--pruner", choices=["median", "none"], default="median",
+                    help="stop a trial whose validation accuracy at an epoch is below the "
+                         "median of earlier trials' there (default), or never")
+    _option(tu, "--pruner-startup", type=POSITIVE_INT, default=5, metavar="N",
+            help="trials finished before any is pruned (default 5)")
+    _option(tu, "--pruner-warmup", type=INDEX, default=10, metavar="EPOCHS",
+            help="epochs of a trial before it may be pruned (default 10)")
 
     p = sub.add_parser("plot", help="draw the paper's convergence figure or mu study, or the "
                                     "training curves of a --log-dir (PNG)")
@@ -1056,13 +1110,35 @@ def _curves_dir_error(path) -> Optional[str]:
             f"(it holds <dataset>/split_<k>.csv)")
 
 
+def _tunable_keys() -> List[str]:
+    """The TrainConfig fields ``dignn tune --space`` may search: those a flag of ``dignn
+    train`` sets (so that ``--export`` can write them)."""
+    return sorted([flag[2:].replace("-", "_") for flag, _ in _overrides()] + ["epochs"])
+
+
+def _study_error(args) -> Optional[str]:
+    """Why ``dignn tune``/``sweep`` cannot start a study: Optuna missing, a --space file
+    that cannot be used."""
+    from . import tune
+    if tune.optuna_missing():
+        return tune.OPTUNA_HINT
+    if getattr(args, "space", None) is not None:
+        try:
+            args.space_params = tune.load_space(args.space, _tunable_keys())
+        except ValueError as err:
+            return str(err)
+    return None
+
+
 def _early_error(args) -> Optional[str]:
     """The first input error of ``args`` that needs no data and no torch (None: none):
     options that do not go together, --splits past the dataset's splits, a data root that
     cannot be read, a GPU asked for where none can be visible."""
     from .device import early_device_error
     checks = []
-    if args.command in ("train", "sweep"):
+    if args.command in ("tune", "sweep"):
+        checks += [lambda: _study_error(args)]
+    if args.command in ("train", "sweep", "tune"):
         checks += [lambda: _dataset_option_error(args), lambda: _protocol_error(args),
                    lambda: _splits_error(args), lambda: _data_root_error(args, [args.dataset])]
     if args.command == "train":
@@ -1408,6 +1484,101 @@ def _sweep(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    import functools
+    import torch
+    from . import tune
+    from .files import check_writable
+    from .presets import preset_config
+    from .protocols import apply_protocol
+    device = _run_setup(args, "dignn tune")
+    if device is None:
+        return 2
+    fixed = _override_values(args)
+    _check_outputs(args)
+    if args.export is not None:
+        check_writable(args.export, "--export", "best.toml")
+    space = getattr(args, "space_params", None)
+    key, preset_name = _preset_of(args)
+    base = preset_config(key, args.laplacian, args.preset, **fixed)
+    if _backend_error(base, device):
+        print(f"dignn tune: error: {_backend_error(base, device)}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    dataset = _load(args)
+    base = _user_data_solver(key, base, fixed, dataset)
+    if space is None:
+        space = tune.default_space(dataset.task)
+    both = sorted(set(space) & {k for k, v in fixed.items() if v is not None})
+    if both:
+        raise ValueError(f"{', '.join(both)} is both fixed by an option and tuned; give it in "
+                         f"one place only (drop the option, or its table in --space)")
+    widest = max([base.hidden] + [int(v) for p in space.values() if p.name == "hidden"
+                                  for v in (p.choices or (p.high,))])
+    threads = _set_threads(args, _sweep_work(dataset, widest))
+    storage = tune.storage_url(args.storage) if args.storage else \
+        tune.default_storage(dataset.name, args.json)
+    name = args.study_name or f"dignn-{dataset.name}-{args.laplacian}"
+    job = tune.TuneJob(functools.partial(_load, args), base, space, name, storage,
+                       splits=args.splits, protocol=args.protocol, device=str(device),
+                       sync_every=args.sync_every, compile_model=args.compile,
+                       threads=torch.get_num_threads(), seed=args.sampler_seed,
+                       pruner=args.pruner, startup_trials=args.pruner_startup,
+                       warmup_epochs=args.pruner_warmup, heartbeat=args.heartbeat,
+                       dataset_name=dataset.name)
+    print(f"{dataset.description}", flush=True)
+    print(f"device {device}, {threads}; preset {preset_name}, laplacian {args.laplacian}",
+          flush=True)
+    print(f"study {name!r} in {tune.shown_url(storage)}: {args.trials} trial(s), "
+          f"{args.workers} worker(s), pruner {args.pruner}; objective: {tune.OBJECTIVE}",
+          flush=True)
+    print("space: " + "; ".join(p.describe() for p in space.values()), flush=True)
+    study = tune.run_study(job, args.trials, args.workers, args.timeout,
+                           dataset=apply_protocol(dataset, args.protocol))
+    total = time.perf_counter() - start
+    record = tune.study_record(study, job)
+    counts = ", ".join(f"{n} {state.lower()}" for state, n in record["counts"].items())
+    print(f"study {name!r}: {len(record['trials'])} trial(s): {counts}")
+    best = record.get("best")
+    if best is None:
+        print("no trial completed: nothing to choose", flush=True)
+    else:
+        params = ", ".join(f"{k}={v}" for k, v in best["params"].items())
+        accs = ", ".join(f"{100 * a:.2f}" for a in best.get("test_acc", []))
+        print(f"best: trial {best['number']} ({params}): mean validation accuracy "
+              f"{100 * best['value']:.2f} %; its test accuracy "
+              f"{100 * best.get('test_mean', math.nan):.2f} % [{accs}]; {total:.1f} s in all")
+        if args.export is not None:
+            _tune_export(args, best["params"], name, storage)
+            print(f"wrote {args.export} (dignn train --config {args.export})")
+    if args.json:
+        from .device import describe_device
+        record.update(describe_device(device))
+        _write_record(args, record, preset_name, total, device)
+    return 0
+
+
+def _tune_export(args, params: dict, name: str, storage: str) -> None:
+    """Writes the best trial's settings (over this command's options) as a ``dignn train
+    --config`` file."""
+    from . import tune
+    from .config import to_toml
+    from .files import write_atomically
+    train = _subcommand(build_parser(), "train")
+    values = argparse.Namespace(**{a.dest: a.default for a in train._actions
+                                   if a.dest != argparse.SUPPRESS})
+    for dest in vars(values):
+        if dest not in ("json", "help", "timeout") and hasattr(args, dest) and \
+                not dest.startswith("_"):
+            setattr(values, dest, getattr(args, dest))
+    for key, value in params.items():
+        setattr(values, key, value)
+    header = (f"the best trial of Optuna study {name!r} in {tune.shown_url(storage)}\n"
+              f"dignn train --config FILE trains it (flags given with it override it)")
+    text = to_toml(values, train, header).encode("utf-8")
+    write_atomically(Path(args.export).expanduser(), lambda f: f.write(text))
+
+
 def _plot_curves(args) -> int:
     """``dignn plot curves DIR``: the CSV logs of ``--log-dir`` drawn as one PNG."""
     from .files import check_writable
@@ -1499,7 +1670,7 @@ INTERRUPTED = 128 + 2
 
 # The options that name a file the command writes, by their attribute in the parsed args.
 _OUTPUTS = {"json": "--json", "checkpoint": "--checkpoint", "out": "--out",
-            "partition_file": "--partition-file"}
+            "partition_file": "--partition-file", "export": "--export"}
 
 
 def _output_option(args, path) -> Optional[str]:
@@ -1609,6 +1780,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     return _train(args)
                 if args.command == "sweep":
                     return _sweep(args)
+                if args.command == "tune":
+                    return _tune(args)
                 return _plot(args)
             except Exception as err:  # noqa: BLE001 - only input errors are caught, see below
                 if not _input_error(err):
