@@ -117,7 +117,8 @@ RUN = {"--threads": TRAINING["--threads"], "--sync-every": TRAINING["--sync-ever
 NUMERIC = {
     "train": {**TRAINING, "--checkpoint-every": (["0"], "1"),
               "--timeout": (["0", "-1", "inf", "1e9"], "0.5")},
-    "sweep": {**TRAINING, "--max-settings": (["0"], "1")},
+    "sweep": {**TRAINING, "--max-settings": (["0"], "1"), "--workers": (["0"], "1"),
+              "--heartbeat": (["0"], "1")},
     "tune": {**TRAINING, "--trials": (["0", "-1"], "1"), "--timeout": (["0", "-1", "inf"], "5"),
              "--workers": (["0"], "1"), "--heartbeat": (["0"], "1"),
              "--sampler-seed": ([str(2**62), "1.5"], "3"), "--pruner-startup": (["0"], "1"),

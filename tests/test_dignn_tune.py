@@ -258,3 +258,77 @@ def test_two_workers_share_a_postgresql_study(postgres):
     study = run_study(_job(postgres), trials=4, workers=2)
     _check_workers(study, 4)
     assert tune.shown_url(postgres).startswith("postgresql+psycopg2://postgres@/dignn_tune")
+
+
+# ----------------------------------------------------- dignn sweep as a grid study --
+
+def test_sweep_resumes_from_its_storage(small_csbm, tmp_path, monkeypatch, capsys):
+    import dignn.training
+    db, out = tmp_path / "sweep.db", tmp_path / "sweep.json"
+    argv = ["sweep", "--grid", "mu=2.5,3", "--splits", "0", "--epochs", "2", "--hidden", "8",
+            "--max-iter", "3", "--no-progress", "--storage", str(db), "--json", str(out)]
+    assert cli.main(argv) == 0
+    first = json.loads(out.read_text())
+    study = optuna.load_study(study_name="dignn-sweep-csbm", storage=f"sqlite:///{db}")
+    assert [t.params["setting"] for t in study.trials] == [0, 1]  # in the order listed
+    assert _states(study) == [TrialState.COMPLETE] * 2
+
+    def no_training(*_, **__):
+        raise AssertionError("a finished setting was trained again")
+    monkeypatch.setattr(dignn.training, "train", no_training)
+    assert cli.main(argv) == 0  # resumed: both settings are in the study
+    again = json.loads(out.read_text())
+    assert again["settings"] == first["settings"] and again["chosen"] == first["chosen"]
+    capsys.readouterr()
+    other = argv[:2] + ["mu=2,3"] + argv[3:]
+    assert cli.main(other) == 2
+    assert "holds another sweep" in capsys.readouterr().err
+
+
+def test_sweep_workers_match_one_process(tmp_path):
+    from dignn.sweep import run_sweep
+    data = csbm(**SMALL_CSBM)
+    base = TrainConfig(epochs=2, hidden=8, max_iter=3, mu=3.0, solver="cg")
+    settings = [{"mu": 2.5}, {"mu": 3.0}, {"mu": 4.0}]
+    alone = run_sweep(data, base, settings, splits=[0], device="cpu")
+    shared = run_sweep(data, base, settings, splits=[0], device="cpu", workers=2,
+                       storage=f"sqlite:///{tmp_path / 'w.db'}", threads=1,
+                       load=functools.partial(csbm, **SMALL_CSBM))
+    assert [s.overrides for s in shared.settings] == settings
+    assert [s.index for s in shared.settings] == [0, 1, 2]
+    for a, b in zip(alone.settings, shared.settings):
+        assert b.val_acc == pytest.approx(a.val_acc) and b.best_epoch == a.best_epoch
+    assert shared.chosen == alone.chosen and shared.test_acc == pytest.approx(alone.test_acc)
+    study = optuna.load_study(study_name="dignn-sweep-csbm",
+                              storage=f"sqlite:///{tmp_path / 'w.db'}")
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["setting"] for t in complete) == [0, 1, 2]
+
+
+def test_a_killed_sweep_workers_setting_is_trained_on_resume(tmp_path):
+    from dignn import sweep
+    storage = f"sqlite:///{tmp_path / 'k.db'}"
+    settings = [{"mu": 2.5}, {"mu": 3.0}]
+    base = TrainConfig(epochs=2, hidden=8, max_iter=3, solver="cg")
+    optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    slow = sweep._SweepJob(functools.partial(csbm, **SMALL_CSBM), settings,
+                           [base.replace(epochs=1_000_000, **s) for s in settings], [0],
+                           "holdout", "cpu", False, 10, False, "s", storage, 1, 1)
+    proc = multiprocessing.get_context("spawn").Process(target=sweep._sweep_worker,
+                                                        args=(slow, 1, 0))
+    proc.start()
+    deadline = time.monotonic() + 120
+    while not _running(storage, "s"):
+        assert proc.is_alive() and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.5)
+    proc.kill()
+    proc.join()
+    time.sleep(2.5)
+    result = sweep.run_sweep(csbm(**SMALL_CSBM), base, settings, splits=[0], device="cpu",
+                             storage=storage, study_name="s", heartbeat=1)
+    assert [s.overrides for s in result.settings] == settings
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert trials[0].state == TrialState.FAIL and trials[0].params == {"setting": 0}
+    complete = [t.params["setting"] for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(complete) == [0, 1]  # the killed setting trained again, once

@@ -644,6 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
                            '"dropout": 0.1}]')
     _option(w, "--max-settings", type=POSITIVE_INT, default=64, metavar="N",
             help="refuse more than N settings (default: 64)")
+    st = w.add_argument_group("the study (Optuna's grid sampler)")
+    _add_study_args(st, "dignn-sweep-<dataset>", "in memory; with --workers a temporary "
+                                                 "SQLite file")
 
     u = sub.add_parser("tune",
                        help="search hyperparameters with Optuna (TPE, pruning) on validation "
@@ -1454,15 +1457,22 @@ def _sweep(args) -> int:
           f"{args.protocol}; choice: {sweep.SELECTION_RULE[args.protocol]}", flush=True)
 
     def report(s, total):
-        what = (f"CV acc {100 * s.val_mean:.2f} +- {100 * s.val_std:.2f} % at epoch "
-                f"{s.gin.epoch}") if s.gin is not None else \
-            f"val acc {100 * s.val_mean:.2f} +- {100 * s.val_std:.2f} %"
-        print(f"[{s.index + 1}/{total}] {s.describe()}: {what} ({s.seconds:.1f} s)",
-              flush=True)
+        print(sweep.setting_line(s, total), flush=True)
+    import functools
+    import torch
+    from . import tune
+    storage = tune.storage_url(args.storage) if args.storage else None
+    if storage is not None or args.workers > 1:
+        print(f"study {args.study_name or f'dignn-sweep-{dataset.name}'!r} in "
+              f"{tune.shown_url(storage) or 'a temporary SQLite file'}, {args.workers} "
+              f"worker(s)", flush=True)
     result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
                              protocol=args.protocol, progress=args.progress,
                              on_setting=report, device=device, compile_model=args.compile,
-                             sync_every=args.sync_every)
+                             sync_every=args.sync_every, storage=storage,
+                             study_name=args.study_name, workers=args.workers,
+                             heartbeat=args.heartbeat, load=functools.partial(_load, args),
+                             threads=torch.get_num_threads())
     total = time.perf_counter() - start
     print("\n".join(_settings_table(result)))
     best = result.best

@@ -11,12 +11,25 @@ grid of values or a list) on every split, with :func:`dignn.training.train`, and
   same cross-validation number that is reported (the mean held-out fold accuracy at the best
   common epoch), which is what GIN does; there is no separate test set, so the chosen
   number is optimistic twice over (epoch and setting both chosen on the held-out folds).
+
+The settings are run as an Optuna study (:mod:`dignn.tune`) whose one parameter, the
+setting's position, is drawn by Optuna's ``GridSampler`` (in the order listed, in a fresh
+study): in memory by default, or in a ``storage`` (any Optuna RDB URL) that ``workers``
+processes share and that a later run under the same study name resumes, training only the
+settings not yet finished (a setting whose trial failed, e.g. in a killed worker, is trained
+again). Each trial keeps its setting's validation numbers and, as a user attribute of the
+trial in the storage, its test accuracies: the choice reads the validation numbers only, and
+only the chosen setting's test accuracies leave the study.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
 import typing
 from dataclasses import dataclass, field
@@ -30,7 +43,7 @@ from .protocols import (GIN_DESCRIPTION, GinScore, apply_protocol, check_protoco
 
 __all__ = ["SettingResult", "SweepResult", "parse_grid", "expand_grid", "load_settings",
            "check_settings", "validate_config", "select_setting", "run_sweep",
-           "DEFAULT_MAX_SETTINGS", "SELECTION_RULE"]
+           "DEFAULT_MAX_SETTINGS", "SELECTION_RULE", "setting_line"]
 
 DEFAULT_MAX_SETTINGS = 64
 SELECTION_RULE = {
@@ -343,16 +356,162 @@ class SweepResult:
                 "chosen": chosen, **self.environment}
 
 
+def setting_line(result: SettingResult, total: int) -> str:
+    """The line said after a setting is trained: its position, values and score."""
+    what = (f"CV acc {100 * result.val_mean:.2f} +- {100 * result.val_std:.2f} % at epoch "
+            f"{result.gin.epoch}") if result.gin is not None else \
+        f"val acc {100 * result.val_mean:.2f} +- {100 * result.val_std:.2f} %"
+    return f"[{result.index + 1}/{total}] {result.describe()}: {what} ({result.seconds:.1f} s)"
+
+
+def _setting_result(k: int, overrides: Dict, run, protocol: str, seconds: float
+                    ) -> SettingResult:
+    folds = [s.split for s in run.splits]
+    if protocol == "gin":  # the held-out folds are the validation sets, at one epoch
+        gin = gin_score(run.splits)
+        return SettingResult(k, dict(overrides), folds, list(gin.per_fold),
+                             [gin.epoch] * len(folds), seconds, gin)
+    return SettingResult(k, dict(overrides), folds, [s.val_acc for s in run.splits],
+                         [s.best_epoch for s in run.splits], seconds)
+
+
+def _plain(value):
+    """``value`` as JSON holds it (what a trial's user attribute may be)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _result_attr(result: SettingResult) -> Dict:
+    record = {"index": result.index, "overrides": result.overrides, "splits": result.splits,
+              "val_acc": result.val_acc, "best_epoch": result.best_epoch,
+              "seconds": result.seconds}
+    if result.gin is not None:
+        g = result.gin
+        record["gin"] = {"epoch": g.epoch, "mean": g.mean, "std": g.std,
+                         "per_fold": g.per_fold, "folds": g.folds,
+                         "mean_by_epoch": g.mean_by_epoch}
+    return _plain(record)
+
+
+def _result_of(attr: Dict, overrides: Dict) -> SettingResult:
+    from .protocols import GinScore
+    gin = None if "gin" not in attr else GinScore(**attr["gin"])
+    return SettingResult(attr["index"], dict(overrides), list(attr["splits"]),
+                         [math.nan if v is None else v for v in attr["val_acc"]],
+                         list(attr["best_epoch"]), attr["seconds"], gin)
+
+
+@dataclass
+class _SweepJob:
+    """What every worker of a sweep needs (picklable: workers are spawned)."""
+
+    load: Callable
+    settings: List[Dict]
+    configs: List[TrainConfig]
+    splits: Optional[List[int]]
+    protocol: str
+    device: str
+    compile_model: bool
+    sync_every: int
+    progress: bool
+    study_name: str
+    storage: Optional[str]
+    heartbeat: Optional[int]
+    threads: Optional[int] = None
+
+
+def _sweep_objective(trial, dataset, job: _SweepJob, on_setting) -> float:
+    total = len(job.configs)
+    k = trial.suggest_categorical("setting", list(range(total)))
+    start = time.perf_counter()
+    run = training.train(dataset, job.configs[k], job.splits, job.progress, device=job.device,
+                         compile_model=job.compile_model, sync_every=job.sync_every)
+    result = _setting_result(k, job.settings[k], run, job.protocol,
+                             time.perf_counter() - start)
+    test = result.val_acc if job.protocol == "gin" else run.test_acc
+    trial.set_user_attr("result", _result_attr(result))
+    trial.set_user_attr("test_acc", _plain(list(test)))
+    trial.set_user_attr("environment", _plain(dict(run.environment)))
+    if on_setting is not None:
+        on_setting(result, total)
+    return result.score if math.isfinite(result.score) else -1.0  # NaN: ranked last
+
+
+def _print_setting(result: SettingResult, total: int) -> None:
+    print(setting_line(result, total), flush=True)
+
+
+def _sweep_worker(job: _SweepJob, n_trials: int, worker: int, dataset=None, storage=None,
+                  on_setting=None) -> None:
+    """One worker of a sweep: up to ``n_trials`` settings the grid sampler hands it."""
+    import optuna
+    from . import tune
+    tune._quiet_optuna()
+    if job.threads is not None:
+        import torch
+        torch.set_num_threads(job.threads)
+    if dataset is None:
+        dataset = apply_protocol(job.load(), job.protocol)
+        on_setting = _print_setting
+    if storage is None:
+        storage = tune.open_storage(job.storage, job.heartbeat)
+    study = optuna.load_study(study_name=job.study_name, storage=storage,
+                              sampler=_grid_sampler(len(job.configs)))
+    if n_trials > 0:
+        study.optimize(lambda t: _sweep_objective(t, dataset, job, on_setting),
+                       n_trials=n_trials, catch=())
+
+
+def _grid_sampler(count: int):
+    """Optuna's GridSampler over the settings' positions, drawing them in the order listed
+    in a fresh study (trial k: setting k; Optuna's own order is a seeded shuffle)."""
+    import optuna
+    sampler = optuna.samplers.GridSampler({"setting": list(range(count))}, seed=0)
+    grids = getattr(sampler, "_all_grids", None)
+    if isinstance(grids, list) and sorted(grids) == [(k,) for k in range(count)]:
+        grids.sort()
+    return sampler
+
+
+def _finished(study, count: int) -> Dict[int, object]:
+    """{setting: its first complete trial}."""
+    from optuna.trial import TrialState
+    done: Dict[int, object] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        k = t.params.get("setting")
+        if isinstance(k, int) and 0 <= k < count and "result" in t.user_attrs:
+            done.setdefault(k, t)
+    return done
+
+
+def _check_sweep_study(study, name: str, storage, settings, protocol: str, dataset) -> None:
+    from . import tune
+    mine = {"dignn": "sweep", "dataset": dataset, "protocol": protocol,
+            "settings": _plain(list(settings))}
+    attrs = study.user_attrs
+    if not attrs:
+        for key, value in mine.items():
+            study.set_user_attr(key, value)
+        return
+    for key, value in mine.items():
+        if attrs.get(key) != value:
+            raise ValueError(f"study {name!r} in {tune.shown_url(storage)} holds another "
+                             f"sweep (another {key}); give another --study-name or --storage")
+
+
 def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
               splits: Optional[Sequence[int]] = None, protocol: str = "holdout",
               progress: bool = False,
               on_setting: Optional[Callable[[SettingResult, int], None]] = None,
-              device="auto", compile_model: bool = False, sync_every: int = 10
+              device="auto", compile_model: bool = False, sync_every: int = 10,
+              storage: Optional[str] = None, study_name: Optional[str] = None,
+              workers: int = 1, heartbeat: Optional[int] = 10,
+              load: Optional[Callable] = None, threads: Optional[int] = None
               ) -> SweepResult:
     """Trains ``base_config.replace(**s)`` for each setting ``s`` on ``splits`` (default: all)
     of ``dataset`` under ``protocol`` and chooses one (module docstring). Every config is
     checked before the first is trained. ``on_setting(result, total)`` is called after each
-    setting with its validation numbers.
+    setting with its validation numbers (in this process; workers print
+    :func:`setting_line`).
 
     Args:
         dataset: a NodeDataset, GraphDataset or InductiveDataset.
@@ -366,13 +525,21 @@ def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         compile_model: compile each model's forward with ``torch.compile``.
         sync_every: epochs between host reads.
+        storage: an Optuna storage URL for the study (None: in memory; with ``workers`` > 1
+            a temporary SQLite file).
+        study_name: the study's name (default ``dignn-sweep-<dataset>``); the same name in the
+            same storage resumes the sweep.
+        workers: processes sharing the study (spawned; each loads the data with ``load``).
+        heartbeat: seconds between a running trial's heartbeats in a storage.
+        load: makes the dataset in a worker (picklable; default: ``dataset`` itself, pickled).
+        threads: torch CPU threads of each worker.
 
     Returns:
         SweepResult: every setting's validation numbers and the chosen setting's test ones.
 
     Raises:
         ValueError: a setting whose config cannot train (naming the setting), an unknown
-            protocol, or bad splits.
+            protocol, bad splits, or a study of another sweep under that name.
 
     Example:
         >>> from dignn import load_dataset, preset_config, run_sweep
@@ -383,39 +550,88 @@ def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
         >>> [s.overrides for s in result.settings], result.chosen in (0, 1)
         ([{'mu': 2.0}, {'mu': 3.0}], True)
     """
-    dataset = apply_protocol(dataset, protocol)
+    import optuna
+    from . import tune
+    trained = apply_protocol(dataset, protocol)
+    settings = [dict(s) for s in settings]
     configs = []
     for k, overrides in enumerate(settings):
         try:
             config = base_config.replace(**overrides)
             check_protocol_config(protocol, config)
-            validate_config(dataset, config)
+            validate_config(trained, config)
         except (TypeError, ValueError) as err:
             raise ValueError(f"setting {k} ({_describe(overrides)}): {err}") from None
         configs.append(config)
+    if not configs:
+        raise ValueError("no settings to try")
+    scratch = None
+    if storage is None and workers > 1:  # workers share a file, removed at the end
+        scratch = tempfile.mkdtemp(prefix="dignn-sweep-")
+        storage = "sqlite:///" + os.path.join(scratch, "sweep.db")
+    try:
+        return _run_study(dataset, trained, base_config, settings, configs, splits, protocol,
+                          progress, on_setting, device, compile_model, sync_every, storage,
+                          study_name or f"dignn-sweep-{dataset.name}", workers, heartbeat,
+                          load, threads)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_study(dataset, trained, base_config, settings, configs, splits, protocol, progress,
+               on_setting, device, compile_model, sync_every, storage, name, workers,
+               heartbeat, load, threads) -> SweepResult:
+    import optuna
+    from optuna.trial import TrialState
+    from . import tune
+    store = tune.open_storage(storage, heartbeat if storage else None)
+    count = len(configs)
+    study = optuna.create_study(study_name=name, storage=store,
+                                sampler=_grid_sampler(count), direction="maximize",
+                                load_if_exists=True)
+    _check_sweep_study(study, name, storage, settings, protocol, dataset.name)
+    job = _SweepJob(load or functools.partial(tune._given, dataset), settings, configs,
+                    None if splits is None else list(splits), protocol,
+                    str(device), compile_model, sync_every, progress and workers <= 1, name,
+                    storage, heartbeat, threads)
+    before = None
+    while True:
+        if storage is not None and heartbeat:
+            optuna.storages.fail_stale_trials(study)
+        done = _finished(study, count)
+        missing = [k for k in range(count) if k not in done]
+        if not missing:
+            break
+        if before is not None and len(missing) >= before:
+            raise RuntimeError(f"settings {', '.join(map(str, missing))} did not finish; the "
+                               f"study keeps the others: run the same command to resume it")
+        before = len(missing)
+        trials = study.get_trials(deepcopy=False)
+        pending = {t.params.get("setting") for t in trials
+                   if t.state in (TrialState.WAITING, TrialState.RUNNING)}
+        failed = {t.params.get("setting"): t for t in trials if t.state == TrialState.FAIL}
+        retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback  # (its name before Optuna 4.9)
+        retry = retry()
+        for k in missing:  # the grid does not draw a failed setting again: queued anew
+            if k in failed and k not in pending:
+                retry(study, failed[k])
+        if workers <= 1:
+            _sweep_worker(job, len(missing), 0, trained, store, on_setting)
+        else:
+            tune._spawn(_sweep_worker, [(job, n, w) for w, n in
+                                        enumerate(tune.shares(len(missing), workers)) if n])
     results: List[SettingResult] = []
     test_of_setting: List[List[float]] = []  # dropped once the choice is made
     environment: Dict = {}
-    for k, (overrides, config) in enumerate(zip(settings, configs)):
-        start = time.perf_counter()
-        run = training.train(dataset, config, splits, progress, device=device,
-                             compile_model=compile_model, sync_every=sync_every)
-        folds = [s.split for s in run.splits]
-        if protocol == "gin":  # the held-out folds are the validation sets, at one epoch
-            gin = gin_score(run.splits)
-            result = SettingResult(k, dict(overrides), folds, list(gin.per_fold),
-                                   [gin.epoch] * len(folds), time.perf_counter() - start, gin)
-        else:
-            result = SettingResult(k, dict(overrides), folds, [s.val_acc for s in run.splits],
-                                   [s.best_epoch for s in run.splits],
-                                   time.perf_counter() - start)
-        results.append(result)
-        test_of_setting.append(result.val_acc if protocol == "gin" else run.test_acc)
-        environment = dict(run.environment)
-        if on_setting is not None:
-            on_setting(result, len(configs))
+    for k in range(count):
+        trial = done[k]
+        results.append(_result_of(trial.user_attrs["result"], settings[k]))
+        test_of_setting.append(list(trial.user_attrs["test_acc"]))
+        environment = environment or dict(trial.user_attrs.get("environment", {}))
     chosen = select_setting(results)
-    test_acc = list(test_of_setting[chosen])
+    test_acc = [math.nan if v is None else v for v in test_of_setting[chosen]]
     del test_of_setting
     return SweepResult(dataset.name, base_config.laplacian, protocol, base_config, results,
                        chosen, configs[chosen], test_acc, environment)
