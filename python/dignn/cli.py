@@ -1551,7 +1551,8 @@ def _tune(args) -> int:
     print(f"study {name!r}: {len(record['trials'])} trial(s): {counts}")
     best = record.get("best")
     if best is None:
-        print("no trial completed: nothing to choose", flush=True)
+        print(f"no trial completed: nothing to choose"
+              f"{f'; {args.export} was not written' if args.export else ''}", flush=True)
     else:
         params = ", ".join(f"{k}={v}" for k, v in best["params"].items())
         accs = ", ".join(f"{100 * a:.2f}" for a in best.get("test_acc", []))
