@@ -318,11 +318,12 @@ def _spawn(target, jobs: Sequence[tuple]) -> None:
 
 
 def _quiet_optuna() -> None:
-    """Optuna's INFO lines off (each trial prints its own line) and its notes on experimental
-    features (heartbeats) unsaid."""
+    """Optuna's log off but for errors (each trial prints its own line; a trial cut short by
+    Ctrl-C or an error is said once, by the command, not again with Optuna's traceback) and
+    its notes on experimental features (heartbeats) unsaid."""
     import warnings
     import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
