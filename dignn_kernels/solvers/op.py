@@ -722,9 +722,9 @@ def warn_if_diverged(stats: Tensor, solver: str, mu: float, tol: float,
         warnings.warn(
             f"solver={solver!r} overflowed in {x.dtype}: its residual or dot products are not "
             f"finite although every input is (max|x| = "
-            f"{float(torch.linalg.vector_norm(x.double(), ord=math.inf)):.3g}; the squared "
-            f"norms of the residual of the SPD form (C + L/mu) Z = C X, chi and the edge "
-            f"values times x, exceed {x.dtype}'s range). The output is not the equilibrium. "
+            f"{float(torch.linalg.vector_norm(x.detach().double(), ord=math.inf)):.3g}; the "
+            f"squared norms of the residual of the SPD form (C + L/mu) Z = C X, chi and the "
+            f"edge values times x, exceed {x.dtype}'s range). The output is not the equilibrium. "
             f"Compute in torch.float64, or rescale x and the edge values.", DivergenceWarning,
             stacklevel=stacklevel + 1)
         return
