@@ -550,8 +550,6 @@ def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,
         >>> [s.overrides for s in result.settings], result.chosen in (0, 1)
         ([{'mu': 2.0}, {'mu': 3.0}], True)
     """
-    import optuna
-    from . import tune
     trained = apply_protocol(dataset, protocol)
     settings = [dict(s) for s in settings]
     configs = []

@@ -28,15 +28,11 @@ Nothing here imports torch or Optuna at import time (the command line checks its
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import math
 import os
-import sys
 import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
