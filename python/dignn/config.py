@@ -23,7 +23,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["ConfigError", "load_config", "config_keys", "to_toml", "resolved_options"]
+__all__ = ["ConfigError", "load_config", "read_toml", "config_keys", "to_toml",
+           "resolved_options"]
 
 # The options of `dignn train` that are not settings of a run (never keys of a file).
 NOT_KEYS = {"help", "config", "print_config"}
@@ -145,6 +146,27 @@ def _convert(action: argparse.Action, value, where: str):
     return checked(value)
 
 
+def read_toml(path, flag: str, error: type = ValueError, example: str = "") -> Dict:
+    """The table of the TOML file a flag names, or ``error`` (one line naming the flag and the
+    file: missing, a folder, unreadable, not TOML, not UTF-8)."""
+    import tomllib
+    shown = os.fspath(path)
+    try:
+        with open(Path(shown).expanduser(), "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise error(f"{flag} {shown!r}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{flag} {shown!r} is a folder; give a TOML file"
+                    + (f" {example}" if example else "")) from None
+    except OSError as err:
+        raise error(f"{flag} {shown!r} cannot be read: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise error(f"{flag} {shown!r} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise error(f"{flag} {shown!r} is not valid TOML: not UTF-8 text") from None
+
+
 def load_config(path, parser: argparse.ArgumentParser) -> Dict[str, object]:
     """{dest: value} of the configuration file ``path`` for the options of ``parser``
     (``dignn train``'s), every value checked as its flag's.
@@ -153,23 +175,8 @@ def load_config(path, parser: argparse.ArgumentParser) -> Dict[str, object]:
         ConfigError: the file cannot be read, is not TOML, or has an unknown key or a value
             of the wrong type or out of range (one line: the file, the key, the fix).
     """
-    import tomllib
+    data = read_toml(path, "--config", ConfigError, "such as run.toml")
     shown = os.fspath(path)
-    try:
-        with open(Path(shown).expanduser(), "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {shown!r}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {shown!r} is a folder; give a TOML file such as "
-                          f"run.toml") from None
-    except OSError as err:
-        raise ConfigError(f"--config {shown!r} cannot be read: "
-                          f"{err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"--config {shown!r} is not valid TOML: {err}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--config {shown!r} is not valid TOML: not UTF-8 text") from None
     keys = config_keys(parser)
     values: Dict[str, object] = {}
     given: Dict[str, str] = {}  # dest -> the key that set it

@@ -485,17 +485,8 @@ def _finished(study, count: int) -> Dict[int, object]:
 
 def _check_sweep_study(study, name: str, storage, settings, protocol: str, dataset) -> None:
     from . import tune
-    mine = {"dignn": "sweep", "dataset": dataset, "protocol": protocol,
-            "settings": _plain(list(settings))}
-    attrs = study.user_attrs
-    if not attrs:
-        for key, value in mine.items():
-            study.set_user_attr(key, value)
-        return
-    for key, value in mine.items():
-        if attrs.get(key) != value:
-            raise ValueError(f"study {name!r} in {tune.shown_url(storage)} holds another "
-                             f"sweep (another {key}); give another --study-name or --storage")
+    tune.claim_study(study, {"dignn": "sweep", "dataset": dataset, "protocol": protocol,
+                             "settings": _plain(list(settings))}, name, storage, "sweep")
 
 
 def run_sweep(dataset, base_config: TrainConfig, settings: Sequence[Dict], *,

@@ -204,19 +204,9 @@ def load_space(path, allowed: Optional[Sequence[str]] = None) -> Dict[str, Param
 
     ``allowed``: the fields that may be tuned (default: every TrainConfig field but the
     Laplacian). Raises ValueError (one line, naming the file and the table)."""
-    import tomllib
+    from .config import read_toml
+    data = read_toml(path, "--space")
     shown = os.fspath(path)
-    try:
-        with open(Path(shown).expanduser(), "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"--space {shown!r}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"--space {shown!r} is a folder; give a TOML file") from None
-    except OSError as err:
-        raise ValueError(f"--space {shown!r} cannot be read: {err.strerror or err}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"--space {shown!r} is not valid TOML: {err}") from None
     if not data:
         raise ValueError(f"--space {shown!r} is empty: give one table per setting, such as "
                          f"[mu] low = 1.0 high = 10.0")
@@ -519,17 +509,24 @@ def _tune_worker(job: TuneJob, n_trials: int, timeout: Optional[float], worker: 
 
 def _check_study(study, job: TuneJob) -> None:
     """Refuses to resume a study made for another dataset or search space."""
+    claim_study(study, {"dignn": "tune", "dataset": job.dataset_name,
+                        "space": space_to_json(job.space), "protocol": job.protocol},
+                job.study_name, job.storage, "tuning")
+
+
+def claim_study(study, mine: Dict, name: str, storage, what: str) -> None:
+    """Marks a new study with what it is for (``mine``, its user attributes), or refuses to
+    resume one made for something else, naming the attribute that differs (``what``: the
+    job, as the message names it)."""
     attrs = study.user_attrs
-    mine = {"dignn": "tune", "dataset": job.dataset_name,
-            "space": space_to_json(job.space), "protocol": job.protocol}
     if not attrs:
         for key, value in mine.items():
             study.set_user_attr(key, value)
         return
     for key, value in mine.items():
         if attrs.get(key) != value:
-            raise ValueError(f"study {job.study_name!r} in {shown_url(job.storage)} was made "
-                             f"with another {key} ({attrs.get(key)!r}); give another "
+            raise ValueError(f"study {name!r} in {shown_url(storage)} holds another {what} "
+                             f"(another {key}: {attrs.get(key)!r}); give another "
                              f"--study-name or --storage")
 
 
