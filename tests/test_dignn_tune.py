@@ -262,6 +262,33 @@ def test_two_workers_share_a_postgresql_study(postgres):
 
 # ----------------------------------------------------- dignn sweep as a grid study --
 
+@pytest.mark.parametrize("command", ["tune", "sweep"])
+def test_a_failed_worker_is_one_line_that_says_how_to_go_on(small_csbm, tmp_path, monkeypatch,
+                                                            capsys, command):
+    """A worker killed under the command (exit status -9): one line, exit status 1, naming the
+    worker and how to resume (a sweep without --storage: how to make it resumable)."""
+    from dignn import sweep
+
+    def killed(*_, **__):
+        raise tune.WorkerFailed("worker(s) 1 (exit status -9) failed; the study keeps the "
+                                "trials they finished")
+    monkeypatch.setattr(tune, "run_study", killed)
+    monkeypatch.setattr(sweep, "run_sweep", killed)
+    if command == "tune":
+        argv = _tune_cli(tmp_path, "--trials", "2", "--workers", "2")
+        want = "run the same command again to resume the study"
+    else:
+        argv = ["sweep", "--grid", "mu=2.5,3", "--splits", "0", "--epochs", "2", "--hidden",
+                "8", "--max-iter", "3", "--no-progress", "--workers", "2"]
+        want = "give --storage to make a sweep resumable"
+    capsys.readouterr()
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"dignn {command}: error: worker(s) 1 (exit status -9) failed")
+    assert want in err
+
+
 def test_sweep_resumes_from_its_storage(small_csbm, tmp_path, monkeypatch, capsys):
     import dignn.training
     db, out = tmp_path / "sweep.db", tmp_path / "sweep.json"

@@ -1466,13 +1466,20 @@ def _sweep(args) -> int:
         print(f"study {args.study_name or f'dignn-sweep-{dataset.name}'!r} in "
               f"{tune.shown_url(storage) or 'a temporary SQLite file'}, {args.workers} "
               f"worker(s)", flush=True)
-    result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
-                             protocol=args.protocol, progress=args.progress,
-                             on_setting=report, device=device, compile_model=args.compile,
-                             sync_every=args.sync_every, storage=storage,
-                             study_name=args.study_name, workers=args.workers,
-                             heartbeat=args.heartbeat, load=functools.partial(_load, args),
-                             threads=torch.get_num_threads())
+    try:
+        result = sweep.run_sweep(dataset, base, settings, splits=args.splits,
+                                 protocol=args.protocol, progress=args.progress,
+                                 on_setting=report, device=device,
+                                 compile_model=args.compile, sync_every=args.sync_every,
+                                 storage=storage, study_name=args.study_name,
+                                 workers=args.workers, heartbeat=args.heartbeat,
+                                 load=functools.partial(_load, args),
+                                 threads=torch.get_num_threads())
+    except tune.WorkerFailed as err:
+        how = ("run the same command again to resume the sweep" if storage is not None else
+               "its study was a temporary file: give --storage to make a sweep resumable")
+        print(f"dignn sweep: error: {err}: {how}", file=sys.stderr, flush=True)
+        return 1
     total = time.perf_counter() - start
     print("\n".join(_settings_table(result)))
     best = result.best
@@ -1543,8 +1550,13 @@ def _tune(args) -> int:
           f"{args.workers} worker(s), pruner {args.pruner}; objective: {tune.OBJECTIVE}",
           flush=True)
     print("space: " + "; ".join(p.describe() for p in space.values()), flush=True)
-    study = tune.run_study(job, args.trials, args.workers, args.timeout,
-                           dataset=apply_protocol(dataset, args.protocol))
+    try:
+        study = tune.run_study(job, args.trials, args.workers, args.timeout,
+                               dataset=apply_protocol(dataset, args.protocol))
+    except tune.WorkerFailed as err:
+        print(f"dignn tune: error: {err}: run the same command again to resume the study",
+              file=sys.stderr, flush=True)
+        return 1
     total = time.perf_counter() - start
     record = tune.study_record(study, job)
     counts = ", ".join(f"{n} {state.lower()}" for state, n in record["counts"].items())

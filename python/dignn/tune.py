@@ -277,6 +277,11 @@ def shares(total: int, workers: int) -> List[int]:
     return [total // workers + (1 if i < total % workers else 0) for i in range(workers)]
 
 
+class WorkerFailed(RuntimeError):
+    """A worker process of a study ended with an error or a signal; the study's storage
+    keeps every trial the workers finished."""
+
+
 def _spawn(target, jobs: Sequence[tuple]) -> None:
     """Runs ``target(*job)`` for each job in a process of its own (``spawn``) and waits for
     all; RuntimeError when one did not end well."""
@@ -297,10 +302,9 @@ def _spawn(target, jobs: Sequence[tuple]) -> None:
         raise
     bad = [(k, p.exitcode) for k, p in enumerate(procs) if p.exitcode != 0]
     if bad:
-        raise RuntimeError("worker(s) " + ", ".join(f"{k} (exit status {code})"
+        raise WorkerFailed("worker(s) " + ", ".join(f"{k} (exit status {code})"
                                                     for k, code in bad) +
-                           " failed; the study keeps what they finished: run the same "
-                           "command again to resume it")
+                           " failed; the study keeps the trials they finished")
 
 
 def _quiet_optuna() -> None:
