@@ -63,7 +63,7 @@ def _is_switch(action: argparse.Action) -> bool:
 
 def _expected(action: argparse.Action) -> str:
     """The TOML type of a flag's value, in words."""
-    from .cli import _Number, _Numbers, _threads
+    from .flags import _Number, _Numbers, _threads
     if _is_switch(action):
         return "true or false"
     kind = action.type
@@ -97,7 +97,7 @@ def _toml_type(value) -> str:
 def _convert(action: argparse.Action, value, where: str):
     """The value ``action`` stores for the file's ``value``, checked as the command line
     checks the flag's text; a :class:`ConfigError` saying the expected type or range."""
-    from .cli import _Number, _Numbers, _threads
+    from .flags import _Number, _Numbers, _threads
     expected = _expected(action)
 
     def wrong():
@@ -109,7 +109,7 @@ def _convert(action: argparse.Action, value, where: str):
         except argparse.ArgumentTypeError as err:
             raise ConfigError(f"{where}: {err}") from None
         if action.choices is not None and out not in action.choices:
-            from .cli import _close_names
+            from .flags import _close_names
             raise ConfigError(f"{where}: invalid choice {out!r}"
                               f"{_close_names(str(out), action.choices)} (choose from "
                               f"{', '.join(map(str, action.choices))})")
@@ -183,7 +183,7 @@ def load_config(path, parser: argparse.ArgumentParser) -> Dict[str, object]:
     for raw, value in data.items():
         key = _key(raw)
         if key not in keys:
-            from .cli import _close
+            from .flags import _close
             close = _close(key, [k for k in keys if not keys[k][1]], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"{shown}: unknown key {raw!r}{hint}; the keys are the flags "

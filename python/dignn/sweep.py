@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import training
-from .presets import TrainConfig, check_training_numbers
+from .training import validate_config
+from .presets import TrainConfig
 from .protocols import (GIN_DESCRIPTION, GinScore, apply_protocol, check_protocol_config,
                         gin_score, mean_std)
 
@@ -227,14 +228,6 @@ def check_settings(settings: Sequence[Dict], max_settings: int = DEFAULT_MAX_SET
         if both:
             raise ValueError(f"{', '.join(both)} is both fixed by an option and swept; give "
                              f"it in one place only")
-
-
-def validate_config(dataset, config: TrainConfig) -> None:
-    """Refuses a config that could not train on ``dataset``, before any training: the
-    optimizer's and the loop's numbers here, the model's own checks (widths, dropout, mu,
-    solver, backend, ...) by building it."""
-    check_training_numbers(config)
-    training.build_model(dataset, config)
 
 
 def _summary(values: str, which: int, doc: str) -> property:

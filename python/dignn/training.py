@@ -55,10 +55,10 @@ from .models import DIGNNGraphClassifier, DIGNNNodeClassifier
 from .presets import TrainConfig, check_training_numbers
 from .spectral import check_mu, estimate_lambda_max, laplacian_operator
 
-__all__ = ["SplitResult", "RunResult", "build_model", "train", "train_node_split",
-           "train_graph_split", "train_multilabel_split", "TASK_METRICS", "multilabel_counts",
-           "micro_f1", "train_graph_data", "Checkpointing", "late_fall", "still_falling_note",
-           "STILL_FALLING"]
+__all__ = ["SplitResult", "RunResult", "build_model", "validate_config", "train",
+           "train_node_split", "train_graph_split", "train_multilabel_split", "TASK_METRICS",
+           "multilabel_counts", "micro_f1", "train_graph_data", "Checkpointing", "late_fall",
+           "still_falling_note", "STILL_FALLING"]
 
 # The per-epoch metric vector: the task's score (see TASK_METRICS) and mean loss on the
 # train, validation and test sets.
@@ -263,6 +263,14 @@ def still_falling_note(run: "RunResult") -> Optional[str]:
             f"epochs ({unit} {split.split}: {h[0]:.3f} at epoch 1, {h[-1]:.3f} at epoch "
             f"{len(h)}), so the model is likely far from fitted; more epochs (e.g. --epochs "
             f"{2 * epochs}) may well raise the accuracy")
+
+
+def validate_config(dataset: Dataset, config: TrainConfig) -> None:
+    """Refuses a config that could not train on ``dataset``, before any training: the
+    optimizer's and the loop's numbers here, the model's own checks (widths, dropout, mu,
+    solver, backend, ...) by building it."""
+    check_training_numbers(config)
+    build_model(dataset, config)
 
 
 def build_model(dataset: Dataset, config: TrainConfig):

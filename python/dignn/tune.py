@@ -443,12 +443,11 @@ def _objective(trial, dataset, job: TuneJob, worker: int = 0) -> float:
     import optuna
     from . import training
     from .protocols import check_protocol_config
-    from .sweep import validate_config
     params = {name: p.suggest(trial) for name, p in job.space.items()}
     config = job.base.replace(**params)
     try:
         check_protocol_config(job.protocol, config)
-        validate_config(dataset, config)
+        training.validate_config(dataset, config)
     except (TypeError, ValueError) as err:
         trial.set_user_attr("error", str(err))
         raise optuna.TrialPruned(f"cannot train: {err}") from None
