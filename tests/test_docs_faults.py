@@ -20,8 +20,6 @@ PAGES = sorted([p for p in DOCS.rglob("*.md")
                 if not {"_build", "_generated"} & set(p.parts)
                 and not p.name.startswith("changelog")] + [ROOT / "README.md"])
 
-# Pages whose bench/ paths are not checked (none: every page names scripts that exist).
-BENCH_PATH_EXEMPT = set()
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})")
 
@@ -156,8 +154,6 @@ def test_bench_scripts_exist(page):
     """Every ``bench/...py`` (or ``.sh``) a page names is a file of the checkout: the
     benchmarks live in groups (``bench/layer/``, ``bench/solvers/``, ``bench/peers/``,
     ``bench/accuracy/``, ``bench/distributed/``, ``bench/gpu/``; bench/README.md)."""
-    if page in BENCH_PATH_EXEMPT:
-        pytest.skip(f"{_rel(page)}: kept by whoever runs the measurements it lists")
     groups = {p.name: p for p in (ROOT / "bench").glob("*/*")}
     for n, line in enumerate(page.read_text().splitlines(), 1):
         for path in BENCH_SCRIPT.findall(line):
