@@ -160,7 +160,10 @@ def _check_workers(study, count):
     assert sorted(t.number for t in trials) == list(range(count))
     assert [t.state for t in trials] == [TrialState.COMPLETE] * count
     assert {t.user_attrs["worker"] for t in trials} == {0, 1}
-    assert len({t.user_attrs["pid"] for t in trials}) == 2  # two processes
+    # the preset's own values first, once, in the command's process; the rest in two workers
+    first = [t for t in trials if t.user_attrs.get("start") == "base"]
+    assert [t.number for t in first] == [0] and first[0].user_attrs["pid"] == os.getpid()
+    assert len({t.user_attrs["pid"] for t in trials[1:]} - {os.getpid()}) == 2
     assert all(len(t.user_attrs["test_acc"]) == 1 for t in trials)
 
 

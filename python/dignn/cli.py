@@ -505,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "log = true, or [hidden] choices = [16, 32] (default: the paper's "
                          "ranges of mu, lr, dropout, weight-decay, hidden and, for node "
                          "datasets, input-unit)")
+    tu.add_argument("--try-preset", action=argparse.BooleanOptionalAction, default=True,
+                    help="a new study's first trial trains the preset's own values of the "
+                         "space (with the options given), so the study measures them beside "
+                         "what it finds (default; --no-try-preset: the sampler's from the "
+                         "first trial)")
     tu.add_argument("--export", metavar="FILE.toml", default=None,
                     help="write the best trial's settings as a config file that dignn train "
                          "--config reads")
@@ -956,6 +961,11 @@ def _study_error(args) -> Optional[str]:
     from . import tune
     if tune.optuna_missing():
         return tune.OPTUNA_HINT
+    if args.command == "tune" and args.protocol == "gin":
+        return ("dignn tune chooses on validation accuracy, and the gin protocol has no "
+                "validation set (it scores each fold on the epoch chosen on that same fold): "
+                "tune with --protocol holdout (a validation fold per split), then report the "
+                "chosen settings with dignn train --config best.toml --protocol gin")
     if getattr(args, "space", None) is not None:
         try:
             args.space_params = tune.load_space(args.space, _tunable_keys())
@@ -1373,7 +1383,7 @@ def _tune(args) -> int:
                        threads=torch.get_num_threads(), seed=args.sampler_seed,
                        pruner=args.pruner, startup_trials=args.pruner_startup,
                        warmup_epochs=args.pruner_warmup, heartbeat=args.heartbeat,
-                       dataset_name=dataset.name)
+                       dataset_name=dataset.name, enqueue_base=args.try_preset)
     print(f"{dataset.description}", flush=True)
     print(f"device {device}, {threads}; preset {preset_name}, laplacian {args.laplacian}",
           flush=True)

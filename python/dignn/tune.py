@@ -341,6 +341,9 @@ class TuneJob:
         heartbeat: seconds between a running trial's heartbeats (None or 0: none).
         startup_random: the TPE sampler's random trials before it models.
         dataset_name: recorded with the study.
+        enqueue_base: a new study's first trial trains ``base``'s own values of the space
+            (where they lie in it), so the study measures the starting settings beside what
+            it finds and chooses them when nothing beats them on validation.
     """
 
     load: Callable
@@ -362,6 +365,7 @@ class TuneJob:
     startup_random: int = 10
     dataset_name: str = ""
     verbose: bool = True
+    enqueue_base: bool = True
 
 
 def _pruner(job: TuneJob):
@@ -481,6 +485,8 @@ def _print_trial(study, trial) -> None:
     else:
         what = trial.state.name.lower()
     params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+    if trial.user_attrs.get("start") == "base":
+        params += " (the starting settings)"
     print(f"[trial {trial.number}] {params}: {what}", flush=True)
 
 
@@ -554,25 +560,63 @@ def run_study(job: TuneJob, trials: int, workers: int = 1, timeout: Optional[flo
         ...               {"lr": Param("lr", "float", 1e-3, 1e-2, log=True)},
         ...               "doc", None, verbose=False)
         >>> study = run_study(job, trials=2)
-        >>> len(study.trials), sorted(study.best_trial.user_attrs)[:2]
-        (2, ['best_epoch', 'seconds'])
+        >>> len(study.trials), study.trials[0].params == {"lr": 0.01}  # the preset's first
+        (2, True)
     """
     import optuna
     _quiet_optuna()
     if workers > 1 and job.storage is None:
         raise ValueError("workers share the study through a storage: give one (--storage)")
+    if job.protocol == "gin":
+        raise ValueError("protocol 'gin' has no validation set (each fold's epoch is chosen "
+                         "on the fold it is scored on), so it cannot choose by validation: "
+                         "tune with protocol 'holdout' and report the chosen settings under "
+                         "'gin'")
     storage = open_storage(job.storage, job.heartbeat)
     study = _study(job, storage, create=True)
     _check_study(study, job)
+    first = 0
+    if job.enqueue_base and not study.get_trials(deepcopy=False):
+        start = base_params(job.base, job.space)
+        if start:
+            study.enqueue_trial(start, user_attrs={"start": "base"})
+            first = 1
     if job.storage is not None and job.heartbeat:
         optuna.storages.fail_stale_trials(study)
     todo = max(trials - finished_count(study), 0)
+    if workers > 1 and first and todo > 1:
+        # The enqueued trial first, here: concurrent workers on SQLite (no row locks) could
+        # both take it.
+        began = time.monotonic()
+        _tune_worker(job, 1, timeout, 0, dataset, storage)
+        todo -= 1
+        if timeout is not None:
+            timeout = max(timeout - (time.monotonic() - began), 0.0)
+            if timeout == 0.0:
+                todo = 0
     if workers <= 1:
         _tune_worker(job, todo, timeout, 0, dataset, storage)
-    else:
+    elif todo:
         counts = [n for n in shares(todo, workers)]
         _spawn(_tune_worker, [(job, n, timeout, k) for k, n in enumerate(counts) if n > 0])
     return _study(job, storage)
+
+
+def base_params(base, space: Dict[str, Param]) -> Dict:
+    """The values of ``base`` (a TrainConfig) for the dimensions of ``space`` when each lies in
+    it (a choice, or within low..high on the step); {} when one does not."""
+    values = {}
+    for name, p in space.items():
+        value = getattr(base, name)
+        if p.kind == "categorical":
+            if value not in p.choices:
+                return {}
+        elif not _is_number(value) or not p.low <= value <= p.high or (
+                p.step is not None and abs(round((value - p.low) / p.step) * p.step
+                                           + p.low - value) > 1e-9 * max(1.0, abs(value))):
+            return {}
+        values[name] = value
+    return values
 
 
 def study_record(study, job: TuneJob) -> Dict:
@@ -583,8 +627,8 @@ def study_record(study, job: TuneJob) -> Dict:
     for t in study.get_trials(deepcopy=False):
         row = {"number": t.number, "state": t.state.name, "value": t.value,
                "params": dict(t.params)}
-        for key in ("splits", "val_acc", "best_epoch", "test_acc", "test_mean", "seconds",
-                    "worker", "error"):
+        for key in ("start", "splits", "val_acc", "best_epoch", "test_acc", "test_mean",
+                    "seconds", "worker", "error"):
             if key in t.user_attrs:
                 row[key] = t.user_attrs[key]
         if t.state == TrialState.PRUNED and t.last_step is not None:
