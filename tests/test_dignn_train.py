@@ -156,6 +156,36 @@ def test_cli_train_json(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "split 0: test acc" in printed and "split 2: test acc" in printed
     assert "+-" in printed
+    import re
+    import time
+    from dignn.device import source_commit
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"])
+    assert record["date"][:10] == time.strftime("%Y-%m-%d", time.gmtime())
+    assert record.get("commit") == source_commit()  # None (absent) for an installed copy
+
+
+def test_a_record_names_the_checkouts_commit_only_for_its_own_files(tmp_path, monkeypatch):
+    """``source_commit``: the commit of a checkout whose tracked files are the package's; a
+    copy of the package in an untracked folder inside a checkout is not that commit's."""
+    import dignn.device
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "venv").mkdir()  # an install inside the checkout, not tracked
+    for where in ("pkg", "venv"):
+        (repo / where / "device.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["add", "pkg/device.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    read = dignn.device.source_commit.__wrapped__  # uncached
+    monkeypatch.setattr(dignn.device, "__file__", str(repo / "pkg" / "device.py"))
+    assert read() == head
+    (repo / "pkg" / "device.py").write_text("x = 2\n")
+    assert read() == head + " (with uncommitted changes)"
+    monkeypatch.setattr(dignn.device, "__file__", str(repo / "venv" / "device.py"))
+    assert read() is None
 
 
 def test_cli_errors(capsys, tmp_path):

@@ -104,6 +104,51 @@ def test_resume_adds_trials_to_the_same_study(small_csbm, tmp_path):
     assert len(optuna.load_study(study_name="mine", storage=f"sqlite:///{db}").trials) == 4
 
 
+def test_a_new_study_first_trains_the_presets_own_values(small_csbm, tmp_path, capsys):
+    db = tmp_path / "s.db"
+    args = _tune_cli(tmp_path, "--storage", str(db), "--study-name", "p", "--dropout", "0.5")
+    space = tmp_path / "space.toml"  # the csbm preset: lr 0.01; dropout fixed on the line
+    space.write_text("[lr]\nlow = 0.001\nhigh = 0.05\nlog = true\n\n"
+                     "[weight_decay]\nchoices = [0.0, 0.0005]\n")
+    assert cli.main(args + ["--trials", "2"]) == 0
+    assert "(the starting settings)" in capsys.readouterr().out
+    study = optuna.load_study(study_name="p", storage=f"sqlite:///{db}")
+    first = study.trials[0]
+    assert first.params == {"lr": 0.01, "weight_decay": 0.0005}
+    assert first.user_attrs["start"] == "base" and "start" not in study.trials[1].user_attrs
+    assert cli.main(args + ["--trials", "3"]) == 0  # resumed: not queued again
+    study = optuna.load_study(study_name="p", storage=f"sqlite:///{db}")
+    assert [t.user_attrs.get("start") for t in study.trials] == ["base", None, None]
+    assert cli.main(args + ["--trials", "1", "--study-name", "q", "--no-try-preset"]) == 0
+    alone = optuna.load_study(study_name="q", storage=f"sqlite:///{db}").trials
+    assert "start" not in alone[0].user_attrs
+
+
+def test_the_starting_values_are_tried_only_inside_the_space():
+    from dignn.tune import base_params
+    base = TrainConfig(lr=0.01, hidden=64, mu=2.5)
+    space = {"lr": Param("lr", "float", 1e-3, 5e-2, log=True),
+             "hidden": Param("hidden", "categorical", choices=(32, 64))}
+    assert base_params(base, space) == {"lr": 0.01, "hidden": 64}
+    assert base_params(base.replace(hidden=128), space) == {}  # not a choice
+    assert base_params(base.replace(lr=0.1), space) == {}  # above high
+    stepped = {"mu": Param("mu", "float", 1.0, 3.0, step=1.0)}
+    assert base_params(base, stepped) == {}  # 2.5 is off the step
+    assert base_params(base.replace(mu=2.0), stepped) == {"mu": 2.0}
+
+
+def test_gin_protocol_is_refused_it_has_no_validation_set(monkeypatch, tmp_path, capsys):
+    def read(*_, **__):
+        raise AssertionError("data was read before the arguments were checked")
+    monkeypatch.setattr(cli, "_load", read)
+    assert cli.main(["tune", "--dataset", "mutag", "--protocol", "gin", "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--protocol holdout" in err
+    assert "dignn train --config best.toml --protocol gin" in err
+    with pytest.raises(ValueError, match="no validation set"):
+        run_study(_job(None, protocol="gin"), trials=1)
+
+
 def test_bad_inputs_are_one_line_before_any_data(monkeypatch, tmp_path, capsys):
     def read(*_, **__):
         raise AssertionError("data was read before the arguments were checked")

@@ -633,7 +633,8 @@ def _show_warnings() -> None:
 
 def _run_setup(args, prog: str):
     """The device of ``--device`` (or None after printing the one-line error)."""
-    from .device import DeviceUnavailableError, resolve_device
+    from .device import DeviceUnavailableError, resolve_device, source_commit
+    source_commit()  # the commit of the code this run starts with (its record names it)
     try:
         return resolve_device(args.device)
     except DeviceUnavailableError as err:
@@ -696,9 +697,11 @@ def _start_training_memory() -> Optional[dict]:
 def _write_record(args, record: dict, preset: str, seconds: float, device) -> None:
     """Writes a run's JSON to ``--json`` with what reproduces and sizes it: the preset, the
     exact command, the wall time and the peak memory."""
+    from .device import describe_source
     record.update(preset=preset, wall_seconds=round(seconds, 2),
                   command="dignn " + shlex.join(args.argv),
-                  **peak_memory(device, getattr(args, "training_memory", None)))
+                  **peak_memory(device, getattr(args, "training_memory", None)),
+                  **describe_source())
     from .files import write_atomically
     text = (json.dumps(record, indent=2) + "\n").encode()
     write_atomically(Path(args.json).expanduser(), lambda f: f.write(text))

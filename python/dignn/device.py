@@ -5,6 +5,8 @@ torch is imported inside the functions, so that the command line can check ``--d
 (:func:`device_spec_error`, :func:`early_device_error`) before it loads torch."""
 from __future__ import annotations
 
+import functools
+
 import glob
 import os
 import platform
@@ -189,6 +191,43 @@ def describe_device(device: torch.device) -> Dict[str, Optional[str]]:
     return {"device": str(device), "device_name": name, "torch": torch.__version__,
             "cuda": torch.version.cuda, "torch_geometric": _version("torch-geometric"),
             "dignn_kernels": _version("dignn-kernels")}
+
+
+@functools.lru_cache(maxsize=None)
+def source_commit() -> Optional[str]:
+    """The git commit this package runs, where it runs from a git checkout (an editable
+    install), marked when the checkout has uncommitted changes to tracked files; None for an
+    installed package. Read once per process (a run's commands read it as they start, so
+    that a commit made while they train is not taken for theirs)."""
+    import subprocess
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    try:
+        # this very file tracked by the checkout: not a copy installed in a folder inside one
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", Path(__file__).name],
+                                 cwd=here, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=10)
+        if tracked.returncode != 0 or head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip()
+    if dirty.returncode == 0 and dirty.stdout.strip():
+        commit += " (with uncommitted changes)"
+    return commit
+
+
+def describe_source() -> Dict[str, Optional[str]]:
+    """When a record is written (UTC) and :func:`source_commit` (where there is one)."""
+    import time
+    out: Dict[str, Optional[str]] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    commit = source_commit()
+    if commit is not None:
+        out["commit"] = commit
+    return out
 
 
 def _version(distribution: str) -> Optional[str]:
