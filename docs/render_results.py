@@ -817,6 +817,16 @@ def _setting(params):
                      for k, v in params.items())
 
 
+def _commit_date(d):
+    """(commit, date) of a ``dignn`` record as the provenance line shows them: the commit's
+    first 7 digits (with its note on uncommitted changes), the day; NOT_RECORDED for
+    either the record does not hold."""
+    commit, date = d.get("commit"), d.get("date")
+    if commit:
+        commit = re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", commit)
+    return commit or NOT_RECORDED, (date[:10] if date else NOT_RECORDED)
+
+
 def tune_studies():
     """The Optuna studies behind the tuned presets: per dataset the trials, the starting
     settings' and the best trial's mean validation accuracy, the chosen settings, and those
@@ -849,12 +859,12 @@ def tune_studies():
                 every = f"{100 * mean:.2f} ± {100 * std:.2f} ({proto})"
                 gap = f"{100 * mean - PAPER[stem]:+.2f}"
                 prov.append(_prov_line(eval_rel, e.get("device_name") or e.get("device"),
-                                       e.get("commit"), e.get("date"), e.get("command")))
+                                       *_commit_date(e), e.get("command")))
         rows.append([label, states, f"{splits} × {base['epochs']}",
                      f"{d.get('wall_seconds', 0) / 60:.0f} min", start, chosen,
                      _setting(best["params"]) if best else NONE, every, f"{PAPER[stem]}", gap])
-        prov.append(_prov_line(rel, d.get("device_name") or d.get("device"), d.get("commit"),
-                               d.get("date"), d.get("command")))
+        prov.append(_prov_line(rel, d.get("device_name") or d.get("device"), *_commit_date(d),
+                               d.get("command")))
     table = _table(["dataset", "trials (complete / pruned / failed)", "splits × epochs per "
                     "trial", "wall time", "starting settings: validation %",
                     "best: validation %", "chosen settings", "chosen, every split: test %",

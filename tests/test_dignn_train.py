@@ -287,6 +287,37 @@ def test_tuned_preset_applies_listed_changes_only():
     assert preset_config("mutag", solver="fixed_point").solver == "fixed_point"
 
 
+def test_tuned_presets_remade_by_a_study_are_its_best_trial():
+    """A tuned preset whose change names a study (``bench/results/tune_<dataset>/``) holds
+    that study's best trial by mean validation accuracy, a trial that trained the space it
+    records; the dataset's accuracy record trained the preset as it is now."""
+    from pathlib import Path
+    from dignn.presets import TUNED_CHANGES
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    studied = 0
+    for laplacian, table in TUNED_CHANGES.items():
+        for name, change in table.items():
+            if "study" not in change:
+                continue
+            studied += 1
+            record = json.loads((results / change["study"]).read_text())
+            assert record["dataset"] == name and record["protocol"] == "holdout"
+            best = record["best"]
+            complete = [t for t in record["trials"] if t["state"] == "COMPLETE"]
+            assert best["value"] == max(t["value"] for t in complete)
+            assert best["value"] == pytest.approx(sum(best["val_acc"]) / len(best["val_acc"]))
+            for key, value in best["params"].items():
+                assert change["values"][key] == value, (name, key)
+                dim = record["space"][key]
+                assert value in dim["choices"] if "choices" in dim else \
+                    dim["low"] <= value <= dim["high"]
+            assert change["values"]["epochs"] == record["base_config"]["epochs"]
+            config = preset_config(name, laplacian).as_dict()
+            trained = json.loads((results / f"accuracy_{name}.json").read_text())["config"]
+            assert {k: v for k, v in trained.items() if config.get(k) != v} == {}, name
+    assert studied >= 1
+
+
 def test_cli_reorder_trains_the_same_model(tmp_path, monkeypatch):
     """``dignn train --reorder rcm`` renumbers the nodes inside the implicit layer only: the
     per-epoch losses are the run without it, up to rounding (in float64: to 1e-9)."""
