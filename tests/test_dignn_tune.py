@@ -124,6 +124,25 @@ def test_a_new_study_first_trains_the_presets_own_values(small_csbm, tmp_path, c
     assert "start" not in alone[0].user_attrs
 
 
+def test_a_resumed_study_does_not_suggest_its_first_trials_again(tmp_path):
+    """The sampler's random start is seeded per start of the study: a resume draws new
+    settings instead of the first run's over again (a fresh study stays reproducible)."""
+    space = {"lr": Param("lr", "float", 1e-3, 5e-2, log=True),
+             "dropout": Param("dropout", "float", 0.0, 0.75)}
+    params = []
+    for name in ("a", "b"):
+        job = _job(f"sqlite:///{tmp_path / (name + '.db')}", epochs=1, space=space,
+                   pruner="none", enqueue_base=False)
+        study = run_study(job, trials=2)
+        params.append([t.params for t in study.trials])
+    assert params[0] == params[1]  # the same seed, the same study
+    study = run_study(job, trials=4)  # resumed
+    later = [t.params for t in study.trials[2:]]
+    assert [t.params for t in study.trials[:2]] == params[1]
+    assert not any(p in params[1] for p in later), later
+    assert tune.sampler_seed(0, 1, 0) == 1 and tune.sampler_seed(0, 0, 2) not in (0, 1)
+
+
 def test_the_starting_values_are_tried_only_inside_the_space():
     from dignn.tune import base_params
     base = TrainConfig(lr=0.01, hidden=64, mu=2.5)

@@ -376,20 +376,40 @@ def _pruner(job: TuneJob):
                                        n_warmup_steps=job.warmup_epochs)
 
 
-def _sampler(job: TuneJob, worker: int):
+def sampler_seed(seed: int, worker: int, held: int) -> int:
+    """The TPE sampler's seed of ``worker`` joining a study that holds ``held`` trials:
+    ``seed + worker`` for a new study (so that a study is reproducible from its seed), and a
+    seed of its own for each later start, since a resumed sampler seeded as the first one
+    would suggest the first run's random trials over again."""
+    if held == 0:
+        return seed + worker
+    import numpy
+    return int(numpy.random.SeedSequence([seed, worker, held]).generate_state(1)[0])
+
+
+def _sampler(job: TuneJob, worker: int, held: int = 0):
     import optuna
-    return optuna.samplers.TPESampler(seed=job.seed + worker,
+    return optuna.samplers.TPESampler(seed=sampler_seed(job.seed, worker, held),
                                       n_startup_trials=job.startup_random)
 
 
 def _study(job: TuneJob, storage, worker: int = 0, create: bool = False):
+    """The study of ``job`` in ``storage``, its sampler seeded for ``worker`` and for the
+    trials the study already holds, queued ones aside (:func:`sampler_seed`)."""
     import optuna
     if create:
-        return optuna.create_study(study_name=job.study_name, storage=storage,
-                                   sampler=_sampler(job, worker), pruner=_pruner(job),
-                                   direction="maximize", load_if_exists=True)
-    return optuna.load_study(study_name=job.study_name, storage=storage,
-                             sampler=_sampler(job, worker), pruner=_pruner(job))
+        study = optuna.create_study(study_name=job.study_name, storage=storage,
+                                    sampler=_sampler(job, worker), pruner=_pruner(job),
+                                    direction="maximize", load_if_exists=True)
+    else:
+        study = optuna.load_study(study_name=job.study_name, storage=storage,
+                                  sampler=_sampler(job, worker), pruner=_pruner(job))
+    from optuna.trial import TrialState
+    held = sum(1 for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING)
+    if held:
+        study = optuna.load_study(study_name=job.study_name, storage=storage,
+                                  sampler=_sampler(job, worker, held), pruner=_pruner(job))
+    return study
 
 
 class _TrialReporter:
