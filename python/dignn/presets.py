@@ -246,9 +246,15 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
             "study": "tune_cornell5/study.json",
         },
         "mutag": {
-            "values": dict(node_layers=3, graph_layers=3, epochs=200),
-            "why": "3 layers before and after pooling as in the authors' code (a single layer "
-                   "fits only ~80% of the training graphs)",
+            "values": dict(mu=9.519592150539829, lr=0.0062973606231269685, dropout=0.3461095216896989,
+                           weight_decay=0.0, hidden=32,
+                           node_layers=3, graph_layers=3, epochs=100),
+            "why": "the best mean validation accuracy of a 32-trial Optuna study over the "
+                   "paper's ranges (holdout folds 0-9, 100 epochs): 89.91 against 88.83 for "
+                   "the former preset (table 7), two graphs of 188; 3 layers before and after "
+                   "pooling as in the authors' code (a single layer fits only ~80% of the "
+                   "training graphs)",
+            "study": "tune_mutag/study.json",
         },
         "nci1": {
             "values": dict(node_layers=3, graph_layers=3, epochs=200),
@@ -311,7 +317,7 @@ REPRODUCES: Dict[str, Dict[str, object]] = {
                  "number",
         "paper": "table 7 as printed",
         "command": "dignn train --dataset mutag --data-root DATA --protocol gin",
-        "records": ["fidelity_mutag.json", "accuracy_mutag.json"],
+        "records": ["fidelity_mutag.json", "accuracy_mutag.json", "tune_mutag/study.json"],
     },
     "nci1": {
         "tuned": "above the authors' code on four of their folds (40 epochs side by side); "
