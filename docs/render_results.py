@@ -831,6 +831,8 @@ def tune_studies():
     """The Optuna studies behind the tuned presets: per dataset the trials, the starting
     settings' and the best trial's mean validation accuracy, the chosen settings, and those
     settings trained over every split (fold) of the dataset's reported protocol."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from dignn.presets import TUNED_CHANGES
     rows, prov = [], []
     for stem, label in TUNE_STUDIES:
         rel = f"tune_{stem}/study.json"
@@ -848,26 +850,31 @@ def tune_studies():
         splits = len(best["val_acc"]) if best else NONE
         chosen = f"{100 * best['value']:.2f} (trial {best['number']})" if best else NONE
         every, gap = NONE, NONE
+        chosen_cell = _setting(best["params"]) if best else NONE
         eval_rel = f"accuracy_{stem}.json"
         if _exists(eval_rel) and best is not None:
             e = _load(eval_rel)
             same = all(e.get("config", {}).get(k) == v for k, v in best["params"].items())
-            if same:
+            kept = TUNED_CHANGES["neural"].get(stem, {}).get("kept", False)
+            if same or kept:
                 mean, std = _accuracy_cells(e)
                 proto = "GIN 10-fold" if e.get("protocol") == "gin" else \
                     f"{len(e.get('splits', []))} splits"
+                if kept:
+                    proto += ", the preset kept"
+                    chosen_cell = "kept: trial 0's values"
                 every = f"{100 * mean:.2f} ± {100 * std:.2f} ({proto})"
                 gap = f"{100 * mean - PAPER[stem]:+.2f}"
                 prov.append(_prov_line(eval_rel, e.get("device_name") or e.get("device"),
                                        *_commit_date(e), e.get("command")))
         rows.append([label, states, f"{splits} × {base['epochs']}",
-                     f"{d.get('wall_seconds', 0) / 60:.0f} min", start, chosen,
-                     _setting(best["params"]) if best else NONE, every, f"{PAPER[stem]}", gap])
+                     f"{d.get('wall_seconds', 0) / 60:.0f} min", start, chosen, chosen_cell,
+                     every, f"{PAPER[stem]}", gap])
         prov.append(_prov_line(rel, d.get("device_name") or d.get("device"), *_commit_date(d),
                                d.get("command")))
     table = _table(["dataset", "trials (complete / pruned / failed)", "splits × epochs per "
-                    "trial", "wall time", "starting settings: validation %",
-                    "best: validation %", "chosen settings", "chosen, every split: test %",
+                    "trial", "wall time (the last command)", "starting settings: validation %",
+                    "best: validation %", "the preset's settings", "the preset, every split: test %",
                     "paper", "gap"], rows,
                    ["---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:",
                     "---:"])

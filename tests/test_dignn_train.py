@@ -289,8 +289,9 @@ def test_tuned_preset_applies_listed_changes_only():
 
 def test_tuned_presets_remade_by_a_study_are_its_best_trial():
     """A tuned preset whose change names a study (``bench/results/tune_<dataset>/``) holds
-    that study's best trial by mean validation accuracy, a trial that trained the space it
-    records; the dataset's accuracy record trained the preset as it is now."""
+    that study's best trial by mean validation accuracy (a trial of the space it records) and
+    the study's epochs, and the dataset's accuracy record trained it as it is now; or, marked
+    ``kept``, the values the study started from (its trial 0)."""
     from pathlib import Path
     from dignn.presets import TUNED_CHANGES
     results = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -306,13 +307,18 @@ def test_tuned_presets_remade_by_a_study_are_its_best_trial():
             complete = [t for t in record["trials"] if t["state"] == "COMPLETE"]
             assert best["value"] == max(t["value"] for t in complete)
             assert best["value"] == pytest.approx(sum(best["val_acc"]) / len(best["val_acc"]))
+            config = preset_config(name, laplacian).as_dict()
+            start = [t for t in record["trials"] if t.get("start") == "base"]
+            assert [t["number"] for t in start] == [0]  # the study began from the preset
             for key, value in best["params"].items():
-                assert change["values"][key] == value, (name, key)
                 dim = record["space"][key]
                 assert value in dim["choices"] if "choices" in dim else \
                     dim["low"] <= value <= dim["high"]
-            assert change["values"]["epochs"] == record["base_config"]["epochs"]
-            config = preset_config(name, laplacian).as_dict()
+            if change.get("kept"):  # the preset the study started from, its values unchanged
+                assert all(config[k] == v for k, v in start[0]["params"].items()), name
+                continue
+            assert all(config[k] == v for k, v in best["params"].items()), name
+            assert config["epochs"] == record["base_config"]["epochs"]
             trained = json.loads((results / f"accuracy_{name}.json").read_text())["config"]
             assert {k: v for k, v in trained.items() if config.get(k) != v} == {}, name
     assert studied >= 1

@@ -9,7 +9,8 @@
 # and best.toml (the best trial by mean validation accuracy, as dignn train --config reads
 # it); then best.toml over all splits into bench/results/accuracy_<dataset>.json (under GIN's
 # protocol for the graph datasets, as the paper reports them), unless the best trial is the
-# study's first, the preset it started from. Selection is by validation accuracy only: the
+# study's first, the preset it started from, or the preset keeps its values over the study's
+# choice (then into tune_<dataset>/accuracy_chosen.json). Selection is by validation accuracy only: the
 # graph datasets are tuned under the holdout protocol (a validation fold per split), since
 # GIN's has none. Each study's budget is a wall-clock limit on one CPU thread (--timeout),
 # two datasets side by side on a 2-core machine; what each budget allowed is in the study's
@@ -30,14 +31,22 @@ study() {  # dataset, log name, then dignn tune's options
 
 evaluate() {  # dataset, then dignn train's options over best.toml
     local ds=$1; shift
-    local dir=$OUT/tune_$ds
+    local dir=$OUT/tune_$ds out
     if python -c 'import json, sys; r = json.load(open(sys.argv[1])); '\
 'sys.exit(r["trials"][r["best"]["number"]].get("start") != "base")' "$dir/study.json"; then
         echo "$ds: the best trial is the starting preset; accuracy_$ds.json is kept"
         return
     fi
-    dignn train --config "$dir/best.toml" --threads 1 --no-progress \
-        --json "$OUT/accuracy_$ds.json" "$@" 2>&1 | tee "$dir/accuracy.log"
+    # a preset that keeps its values over the study's choice (dignn.presets.TUNED_CHANGES,
+    # "kept") keeps its accuracy record; the choice's goes beside the study
+    if python -c 'import sys; from dignn.presets import TUNED_CHANGES; '\
+'sys.exit(not TUNED_CHANGES["neural"].get(sys.argv[1], {}).get("kept"))' "$ds"; then
+        out=$dir/accuracy_chosen.json
+    else
+        out=$OUT/accuracy_$ds.json
+    fi
+    dignn train --config "$dir/best.toml" --threads 1 --no-progress --json "$out" "$@" \
+        2>&1 | tee "$dir/accuracy.log"
 }
 
 ALL=0,1,2,3,4,5,6,7,8,9
