@@ -874,7 +874,8 @@ def tune_studies():
                                d.get("command")))
     table = _table(["dataset", "trials (complete / pruned / failed)", "splits × epochs per "
                     "trial", "wall time (the last command)", "starting settings: validation %",
-                    "best: validation %", "the preset's settings", "the preset, every split: test %",
+                    "best: validation %", "the preset's settings",
+                    "the preset, every split: test %",
                     "paper", "gap"], rows,
                    ["---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:",
                     "---:"])

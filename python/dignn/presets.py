@@ -226,8 +226,8 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
                    "(0.5-0.9 after training)",
         },
         "amherst41": {
-            "values": dict(mu=2.288273338877842, lr=0.0027354699847778976, dropout=0.5232233969454486,
-                           weight_decay=0.0001, hidden=128,
+            "values": dict(mu=2.288273338877842, lr=0.0027354699847778976,
+                           dropout=0.5232233969454486, weight_decay=0.0001, hidden=128,
                            input_dropout=0.0, epochs=100),
             "why": "the best mean validation accuracy of a 60-trial Optuna study over the "
                    "paper's ranges (splits 0-4, 100 epochs): 83.74 against 82.99 for the "
@@ -236,8 +236,8 @@ TUNED_CHANGES: Dict[str, Dict[str, Dict]] = {
             "study": "tune_amherst41/study.json",
         },
         "cornell5": {
-            "values": dict(mu=3.5384535909065513, lr=0.0051902630176951636, dropout=0.4520725320537329,
-                           weight_decay=0.0001, hidden=64,
+            "values": dict(mu=3.5384535909065513, lr=0.0051902630176951636,
+                           dropout=0.4520725320537329, weight_decay=0.0001, hidden=64,
                            input_dropout=0.0, epochs=120),
             "why": "the best mean validation accuracy of a 5-trial Optuna study over the "
                    "paper's ranges (splits 0-1, 120 epochs; what 25 minutes allowed): 84.00, "
