@@ -264,7 +264,8 @@ class FusedImplicitDiffusion(nn.Module):
           ``edge_index`` they do.
         - from a ``DEQFixedPoint`` (a module with ``func``, ``max_iter`` and ``threshold``):
           their ``fwd_solver`` plus the final re-application apply the map up to
-          ``max_iter + 2`` times, so ``max_iter`` is theirs + 2 and ``tol=0.0``. Their
+          ``max_iter + 2`` times, so ``solver="fixed_point"`` (their iteration), ``max_iter``
+          theirs + 2 and ``tol=0.0``. Their
           ``threshold`` bounds ||Z_t - Z_{t-1}||_F absolutely, which has no fixed relative
           equivalent (it depends on ||Z||); ``tol=0`` always runs the whole budget, so the
           layer may apply the map more times than their early stop does: its Z is at least
@@ -334,8 +335,9 @@ class FusedImplicitDiffusion(nn.Module):
             settings["eps"] = epsilon
         if their_max_iter is not None:
             # fwd_solver: one application before its loop, up to max_iter in it, and
-            # DEQFixedPoint.forward applies the map once more.
-            settings.update(max_iter=int(their_max_iter) + 2, tol=0.0)
+            # DEQFixedPoint.forward applies the map once more: the paper's fixed-point
+            # iteration, which the layer's default solver ("auto": cg or anderson) is not.
+            settings.update(max_iter=int(their_max_iter) + 2, tol=0.0, solver="fixed_point")
         if weights is not None:
             for name in ("laplacian", "in_channels", "metric_channels"):
                 if name in overrides and overrides[name] != settings[name]:

@@ -122,6 +122,28 @@ def test_neural_holder_reproduces_the_authors_equation(weighted):
     assert rel_err(z, pyg) > 1e-2
 
 
+@pytest.mark.parametrize("kind", ["directed", "undirected"])
+def test_a_holder_gives_their_fixed_point_iteration_at_any_budget(kind):
+    """From their DEQFixedPoint the layer runs their iteration (``solver="fixed_point"``), not
+    the layer's default (cg on an undirected graph, Anderson on a directed one): with a
+    budget far from converged, the same Z as the paper's iteration applied as many times."""
+    x, ei, _ = make_graph(kind, n=12, d=4, seed=3)
+    func = NeuralStandIn(4, 3).double()
+    layer = dk.FusedImplicitDiffusion.from_authors(HolderStandIn(func, max_iter=2))
+    assert (layer.solver, layer.max_iter, layer.tol) == ("fixed_point", 4, 0.0)
+    with torch.no_grad():
+        z = layer(x, ei)
+        want = reference.reference_implicit_diffusion(
+            x, ei.flip(0), laplacian="neural", mu=2.5, eps=1e-5, max_iter=4, tol=0.0,
+            **{k: v.detach() for k, v in thetas(layer).items()})
+    assert rel_err(z, want) < 1e-12
+    assert layer.iterations == 4
+    converged, _ = reference.dense_equilibrium(x, ei.flip(0), laplacian="neural", mu=2.5,
+                                               eps=1e-5, **thetas(layer))
+    assert rel_err(z, converged.detach()) > 1e-4  # far from the equilibrium: a real test
+    assert dk.FusedImplicitDiffusion.from_authors(func).solver == "auto"  # no budget: defaults
+
+
 def test_every_source_gives_the_same_layer():
     func = NeuralStandIn(4, 3, mu=2.0, epsilon=1e-6)
     holder = HolderStandIn(func, max_iter=15)
