@@ -964,11 +964,8 @@ def _study_error(args) -> Optional[str]:
     from . import tune
     if tune.optuna_missing():
         return tune.OPTUNA_HINT
-    if args.command == "tune" and args.protocol == "gin":
-        return ("dignn tune chooses on validation accuracy, and the gin protocol has no "
-                "validation set (it scores each fold on the epoch chosen on that same fold): "
-                "tune with --protocol holdout (a validation fold per split), then report the "
-                "chosen settings with dignn train --config best.toml --protocol gin")
+    if args.command == "tune" and tune.protocol_error(args.protocol) is not None:
+        return tune.protocol_error(args.protocol)
     if getattr(args, "space", None) is not None:
         try:
             args.space_params = tune.load_space(args.space, _tunable_keys())

@@ -368,6 +368,17 @@ class TuneJob:
     enqueue_base: bool = True
 
 
+def protocol_error(protocol: str) -> Optional[str]:
+    """Why a study cannot tune under ``protocol`` (None: it can): GIN's protocol has no
+    validation set to choose on."""
+    if protocol != "gin":
+        return None
+    return ("the gin protocol has no validation set (it scores each fold on the epoch chosen "
+            "on that same fold), so a study cannot choose on it: tune with --protocol holdout "
+            "(protocol='holdout'; a validation fold per split), then report the chosen "
+            "settings with dignn train --config best.toml --protocol gin")
+
+
 def _pruner(job: TuneJob):
     import optuna
     if job.pruner == "none":
@@ -397,18 +408,16 @@ def _study(job: TuneJob, storage, worker: int = 0, create: bool = False):
     """The study of ``job`` in ``storage``, its sampler seeded for ``worker`` and for the
     trials the study already holds, queued ones aside (:func:`sampler_seed`)."""
     import optuna
+    from optuna.trial import TrialState
     if create:
         study = optuna.create_study(study_name=job.study_name, storage=storage,
-                                    sampler=_sampler(job, worker), pruner=_pruner(job),
-                                    direction="maximize", load_if_exists=True)
+                                    pruner=_pruner(job), direction="maximize",
+                                    load_if_exists=True)
     else:
         study = optuna.load_study(study_name=job.study_name, storage=storage,
-                                  sampler=_sampler(job, worker), pruner=_pruner(job))
-    from optuna.trial import TrialState
+                                  pruner=_pruner(job))
     held = sum(1 for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING)
-    if held:
-        study = optuna.load_study(study_name=job.study_name, storage=storage,
-                                  sampler=_sampler(job, worker, held), pruner=_pruner(job))
+    study.sampler = _sampler(job, worker, held)
     return study
 
 
@@ -452,17 +461,6 @@ class _SplitReporter:
         pass
 
 
-def _scores(run, protocol: str):
-    """(validation per split, test per split, selected epochs) of a run; under gin the
-    held-out folds at the CV epoch for both."""
-    if protocol == "gin":
-        from .protocols import gin_score
-        gin = gin_score(run.splits)
-        return list(gin.per_fold), list(gin.per_fold), [gin.epoch] * len(run.splits)
-    return ([s.val_acc for s in run.splits], list(run.test_acc),
-            [s.best_epoch for s in run.splits])
-
-
 def _objective(trial, dataset, job: TuneJob, worker: int = 0) -> float:
     import optuna
     from . import training
@@ -480,7 +478,9 @@ def _objective(trial, dataset, job: TuneJob, worker: int = 0) -> float:
     run = training.train(dataset, config, job.splits, False, device=job.device,
                          compile_model=job.compile_model, sync_every=job.sync_every,
                          epoch_log=reporter)
-    val, test, epochs = _scores(run, job.protocol)
+    # the holdout protocol (run_study refuses gin): each split's selected epoch
+    val, test = [s.val_acc for s in run.splits], list(run.test_acc)
+    epochs = [s.best_epoch for s in run.splits]
     mean = sum(val) / len(val)
     trial.set_user_attr("splits", [s.split for s in run.splits])
     trial.set_user_attr("val_acc", val)
@@ -587,11 +587,9 @@ def run_study(job: TuneJob, trials: int, workers: int = 1, timeout: Optional[flo
     _quiet_optuna()
     if workers > 1 and job.storage is None:
         raise ValueError("workers share the study through a storage: give one (--storage)")
-    if job.protocol == "gin":
-        raise ValueError("protocol 'gin' has no validation set (each fold's epoch is chosen "
-                         "on the fold it is scored on), so it cannot choose by validation: "
-                         "tune with protocol 'holdout' and report the chosen settings under "
-                         "'gin'")
+    refused = protocol_error(job.protocol)
+    if refused is not None:
+        raise ValueError(refused)
     storage = open_storage(job.storage, job.heartbeat)
     study = _study(job, storage, create=True)
     _check_study(study, job)
@@ -659,10 +657,8 @@ def study_record(study, job: TuneJob) -> Dict:
               "dataset": job.dataset_name, "protocol": job.protocol, "objective": OBJECTIVE,
               "space": space_to_json(job.space), "base_config": job.base.as_dict(),
               "counts": {k: v for k, v in counts.items() if v}, "trials": trials}
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None and not math.isnan(t.value)]
-    if complete:
-        best = max(complete, key=lambda t: (t.value, -t.number))
+    best = best_trial(study)
+    if best is not None:
         record["best"] = {"number": best.number, "value": best.value,
                           "params": dict(best.params),
                           "config": job.base.replace(**best.params).as_dict(),
