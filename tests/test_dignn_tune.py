@@ -143,6 +143,42 @@ def test_a_resumed_study_does_not_suggest_its_first_trials_again(tmp_path):
     assert tune.sampler_seed(0, 1, 0) == 1 and tune.sampler_seed(0, 0, 2) not in (0, 1)
 
 
+def test_a_storage_whose_tables_another_process_made_at_once_opens(tmp_path, monkeypatch):
+    """Two commands starting one new SQLite study together: the one that loses the race to
+    create the tables gets "table ... already exists" from SQLAlchemy, and opens the storage
+    on a second try instead of failing; an error that stays is still one line."""
+    import sqlalchemy.exc
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    def racing(url, **kw):
+        calls.append(url)
+        if len(calls) == 1:
+            real(url, **kw)  # the other process's tables
+            raise sqlalchemy.exc.OperationalError("CREATE TABLE studies", {},
+                                                  Exception("table studies already exists"))
+        return real(url, **kw)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    assert tune.open_storage(url, heartbeat=None) is not None and len(calls) == 2
+
+    def broken(url, **kw):
+        raise sqlalchemy.exc.OperationalError("SELECT", {}, Exception("disk I/O error"))
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(ValueError, match="cannot be opened: .*disk I/O error"):
+        tune.open_storage(url, heartbeat=None)
+
+
+def test_a_worker_stops_once_the_study_holds_its_trials(tmp_path):
+    """Two commands on one study each count the trials missing as they start; a worker stops
+    once the study holds the asked number, so together they do not run each other's share."""
+    job = _job(f"sqlite:///{tmp_path / 'm.db'}", epochs=1, pruner="none", enqueue_base=False)
+    run_study(job, trials=1)
+    storage = tune.open_storage(job.storage, heartbeat=None)
+    tune._tune_worker(job, 5, None, 0, csbm(**SMALL_CSBM), storage, total=3)
+    assert len(optuna.load_study(study_name="t", storage=job.storage).trials) == 3
+
+
 def test_the_starting_values_are_tried_only_inside_the_space():
     from dignn.tune import base_params
     base = TrainConfig(lr=0.01, hidden=64, mu=2.5)

@@ -260,16 +260,24 @@ def open_storage(url: Optional[str], heartbeat: Optional[int] = DEFAULT_HEARTBEA
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     beat = {} if not heartbeat else dict(heartbeat_interval=int(heartbeat),
                                          grace_period=2 * int(heartbeat))
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
-    except ImportError as err:
-        raise ImportError(f"storage {shown_url(url)}: {err} (PostgreSQL: pip install "
-                          f"\"dignn-kernels[tune]\", which brings psycopg2-binary)") from None
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors: said in one line
-        if type(err).__module__.startswith(("sqlalchemy", "psycopg")):
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
+        except ImportError as err:
+            raise ImportError(f"storage {shown_url(url)}: {err} (PostgreSQL: pip install "
+                              f"\"dignn-kernels[tune]\", which brings psycopg2-binary)"
+                              ) from None
+        except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors: said in one line
+            if not type(err).__module__.startswith(("sqlalchemy", "psycopg")):
+                raise
+            if attempt < 2:
+                # another process may be making the new storage's tables at this moment (two
+                # commands starting one study: "table ... already exists", a duplicate schema
+                # version); they are there on the next try
+                time.sleep(0.5)
+                continue
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"storage {shown_url(url)} cannot be opened: {first}") from None
-        raise
 
 
 def shares(total: int, workers: int) -> List[int]:
@@ -515,8 +523,10 @@ def _short(value):
 
 
 def _tune_worker(job: TuneJob, n_trials: int, timeout: Optional[float], worker: int,
-                 dataset=None, storage=None) -> None:
-    """One worker: ``n_trials`` trials of the study (fewer after ``timeout`` seconds)."""
+                 dataset=None, storage=None, total: Optional[int] = None) -> None:
+    """One worker: ``n_trials`` trials of the study (fewer after ``timeout`` seconds, or
+    once the study holds ``total`` finished trials, which another command on the same study
+    may have run)."""
     _quiet_optuna()
     if job.threads is not None:
         import torch
@@ -531,9 +541,14 @@ def _tune_worker(job: TuneJob, n_trials: int, timeout: Optional[float], worker: 
     study = _study(job, storage, worker)
     if n_trials <= 0:
         return
+    import optuna
+    from optuna.trial import TrialState
+    callbacks = [_print_trial] if job.verbose else []
+    if total is not None:
+        callbacks.append(optuna.study.MaxTrialsCallback(
+            total, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     study.optimize(lambda t: _objective(t, dataset, job, worker), n_trials=n_trials,
-                   timeout=timeout, callbacks=[_print_trial] if job.verbose else None,
-                   catch=())
+                   timeout=timeout, callbacks=callbacks, catch=())
 
 
 def _check_study(study, job: TuneJob) -> None:
@@ -597,7 +612,7 @@ def run_study(job: TuneJob, trials: int, workers: int = 1, timeout: Optional[flo
     if job.enqueue_base and not study.get_trials(deepcopy=False):
         start = base_params(job.base, job.space)
         if start:
-            study.enqueue_trial(start, user_attrs={"start": "base"})
+            study.enqueue_trial(start, user_attrs={"start": "base"}, skip_if_exists=True)
             first = 1
     if job.storage is not None and job.heartbeat:
         optuna.storages.fail_stale_trials(study)
@@ -606,17 +621,18 @@ def run_study(job: TuneJob, trials: int, workers: int = 1, timeout: Optional[flo
         # The enqueued trial first, here: concurrent workers on SQLite (no row locks) could
         # both take it.
         began = time.monotonic()
-        _tune_worker(job, 1, timeout, 0, dataset, storage)
+        _tune_worker(job, 1, timeout, 0, dataset, storage, trials)
         todo -= 1
         if timeout is not None:
             timeout = max(timeout - (time.monotonic() - began), 0.0)
             if timeout == 0.0:
                 todo = 0
     if workers <= 1:
-        _tune_worker(job, todo, timeout, 0, dataset, storage)
+        _tune_worker(job, todo, timeout, 0, dataset, storage, trials)
     elif todo:
         counts = [n for n in shares(todo, workers)]
-        _spawn(_tune_worker, [(job, n, timeout, k) for k, n in enumerate(counts) if n > 0])
+        _spawn(_tune_worker, [(job, n, timeout, k, None, None, trials)
+                              for k, n in enumerate(counts) if n > 0])
     return _study(job, storage)
 
 
